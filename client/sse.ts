@@ -1,0 +1,94 @@
+/**
+ * A Server-Sent Events reader (the WHATWG event-stream format) and the chat-completion stream on top of it.
+ * Framework-free: it reads any `ReadableStream<Uint8Array>`, so it serves browsers, Node and the tests alike.
+ */
+import type { ChatCompletionChunk, ChatCompletionStreamError } from '../generated/api.d.ts';
+
+/** One dispatched event: `data` lines joined by `\n`; `event` defaults to `message`. */
+export type SseEvent = { event: string; data: string; id?: string };
+
+/** Yields each event of an event stream as it completes; a final event without its blank line is dropped. */
+export async function* readSseEvents(stream: ReadableStream<Uint8Array>): AsyncGenerator<SseEvent> {
+  const reader = stream.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  let data: string[] = [];
+  let event = '';
+  let id: string | undefined;
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      buffer += done ? decoder.decode() : decoder.decode(value, { stream: true });
+      // A line ends at CRLF, LF or CR; a CR at the very end may be the first half of a CRLF still in transit.
+      for (let end = lineEnd(buffer, done); end !== -1; end = lineEnd(buffer, done)) {
+        const line = buffer.slice(0, end);
+        buffer = buffer.slice(buffer.startsWith('\r\n', end) ? end + 2 : end + 1);
+        if (line === '') {
+          if (data.length > 0)
+            yield { event: event || 'message', data: data.join('\n'), ...(id ? { id } : {}) };
+          data = [];
+          event = '';
+          continue;
+        }
+        if (line.startsWith(':')) continue;
+        const colon = line.indexOf(':');
+        const field = colon === -1 ? line : line.slice(0, colon);
+        let value = colon === -1 ? '' : line.slice(colon + 1);
+        if (value.startsWith(' ')) value = value.slice(1);
+        if (field === 'data') data.push(value);
+        else if (field === 'event') event = value;
+        else if (field === 'id' && !value.includes('\0')) id = value;
+      }
+      if (done) return;
+    }
+  } finally {
+    reader.releaseLock();
+  }
+}
+
+function lineEnd(buffer: string, done: boolean): number {
+  for (let i = 0; i < buffer.length; i++) {
+    const c = buffer.charCodeAt(i);
+    if (c === 10) return i;
+    if (c === 13) return i + 1 < buffer.length || done ? i : -1;
+  }
+  return -1;
+}
+
+/** Raised when the server reports an error inside a stream that had already started (HTTP status 200). */
+export class ServiceStreamError extends Error {
+  override readonly name = 'ServiceStreamError';
+  readonly type: string;
+  readonly code: string | undefined;
+  readonly retryAfter: number | undefined;
+  constructor(error: ChatCompletionStreamError['error']) {
+    super(error.message);
+    this.type = error.type;
+    this.code = error.code ?? undefined;
+    this.retryAfter = error.retry_after ?? undefined;
+  }
+}
+
+/** Raised when a stream ends without `data: [DONE]`: the answer may be truncated. */
+export class IncompleteStreamError extends Error {
+  override readonly name = 'IncompleteStreamError';
+  constructor() {
+    super('The stream ended before data: [DONE]; the answer may be incomplete');
+  }
+}
+
+/**
+ * Yields the `chat.completion.chunk` objects of a chat stream until `data: [DONE]`. An in-band error event
+ * throws `ServiceStreamError`; a stream that stops before `[DONE]` throws `IncompleteStreamError`.
+ */
+export async function* readChatCompletionChunks(
+  stream: ReadableStream<Uint8Array>,
+): AsyncGenerator<ChatCompletionChunk> {
+  for await (const { data } of readSseEvents(stream)) {
+    if (data === '[DONE]') return;
+    const parsed = JSON.parse(data) as ChatCompletionChunk | ChatCompletionStreamError;
+    if ('error' in parsed) throw new ServiceStreamError(parsed.error);
+    yield parsed;
+  }
+  throw new IncompleteStreamError();
+}

@@ -1,0 +1,290 @@
+/**
+ * The mock server: Prism serves the whole contract from generated/openapi.yaml, and this small front adds
+ * what Prism cannot do, a real Server-Sent Events stream for `POST /chat/completions` with `"stream": true`.
+ *
+ * Every request goes to Prism, which validates it (shape, security) and answers from the spec's examples. A
+ * streamed chat request is sent to Prism as a JSON request first, so an invalid or unauthenticated one gets
+ * Prism's documented error; a valid one gets the chunk examples of `ChatCompletionChunk` as `data:` frames,
+ * then `data: [DONE]`. The front also accepts paths with or without the `/api/v1` base path.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import {
+  createServer,
+  type IncomingHttpHeaders,
+  type IncomingMessage,
+  request,
+  type ServerResponse,
+} from 'node:http';
+import { createRequire } from 'node:module';
+import { type AddressInfo, connect } from 'node:net';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parse } from 'yaml';
+
+const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+export const BASE_PATH = '/api/v1';
+const MAX_BODY_BYTES = 40 * 1024 * 1024;
+
+export type MockOptions = {
+  /** Port of the front; 0 picks a free one. */
+  port?: number;
+  host?: string;
+  /** The bundled spec Prism serves. */
+  specPath?: string;
+  /** Pause between streamed frames, so that clients really see a stream. */
+  frameDelayMs?: number;
+  /** Receives Prism's log lines and the front's own. */
+  log?: (line: string) => void;
+};
+
+export type RunningMock = {
+  /** Base URL including `/api/v1`. */
+  url: string;
+  port: number;
+  /** Pid of the Prism child process. */
+  prismPid: number;
+  close(): Promise<void>;
+};
+
+type ChunkLike = { model?: unknown } & Record<string, unknown>;
+
+/** Reads the streamed frames the mock serves: the `examples` of the `ChatCompletionChunk` schema. */
+export function loadChunkExamples(specPath: string): ChunkLike[] {
+  const doc = parse(readFileSync(specPath, 'utf8')) as {
+    components?: { schemas?: Record<string, { examples?: unknown }> };
+  };
+  const examples = doc.components?.schemas?.ChatCompletionChunk?.examples;
+  if (!Array.isArray(examples) || examples.length < 2) {
+    throw new Error(`${specPath}: components.schemas.ChatCompletionChunk.examples must list a whole stream`);
+  }
+  return examples as ChunkLike[];
+}
+
+/** Renders chunks as the frames of an event stream, ending with `data: [DONE]`. */
+export function renderChunkFrames(chunks: readonly unknown[]): string[] {
+  return [...chunks.map((chunk) => `data: ${JSON.stringify(chunk)}\n\n`), 'data: [DONE]\n\n'];
+}
+
+export async function startMock(options: MockOptions = {}): Promise<RunningMock> {
+  const specPath = options.specPath ?? join(root, 'generated', 'openapi.yaml');
+  const host = options.host ?? '127.0.0.1';
+  const log = options.log ?? ((line: string) => process.stdout.write(`${line}\n`));
+  const chunks = loadChunkExamples(specPath);
+  const prismPort = await freePort(host);
+  const prism = spawnPrism(specPath, host, prismPort, log);
+  try {
+    await waitForPort(host, prismPort, prism, 60_000);
+  } catch (error) {
+    await stopChild(prism);
+    throw error;
+  }
+
+  const server = createServer((req, res) => {
+    handle(req, res).catch((error: unknown) => {
+      log(`mock front: ${error instanceof Error ? error.message : String(error)}`);
+      if (!res.headersSent) sendJson(res, 502, { error: 'The mock front could not reach Prism' });
+      else res.destroy();
+    });
+  });
+
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const url = req.url ?? '/';
+    const path =
+      url === BASE_PATH || url.startsWith(`${BASE_PATH}/`) || url.startsWith(`${BASE_PATH}?`)
+        ? url.slice(BASE_PATH.length) || '/'
+        : url;
+    const body = await readBody(req);
+    if (body === undefined) {
+      sendJson(res, 413, { error: 'Request body too large for the mock' });
+      return;
+    }
+    if (req.method === 'POST' && path.split('?')[0] === '/chat/completions') {
+      const requested = parseJson(body);
+      if (isStreamRequest(requested)) {
+        await streamChat(req, res, path, body, requested);
+        return;
+      }
+    }
+    const upstream = await forward(req, path, body);
+    res.writeHead(upstream.statusCode ?? 502, withoutEncoding(upstream.headers));
+    upstream.pipe(res);
+  }
+
+  async function streamChat(
+    req: IncomingMessage,
+    res: ServerResponse,
+    path: string,
+    body: Buffer,
+    requested: { model?: unknown },
+  ): Promise<void> {
+    // Prism validates the request and checks its credentials as for a JSON answer.
+    const check = await forward(req, path, body, { accept: 'application/json' });
+    const status = check.statusCode ?? 502;
+    if (status < 200 || status >= 300) {
+      res.writeHead(status, withoutEncoding(check.headers));
+      check.pipe(res);
+      return;
+    }
+    check.resume();
+    const headers = { ...check.headers };
+    for (const name of ['content-type', 'content-length', 'content-encoding', 'transfer-encoding']) {
+      delete headers[name];
+    }
+    res.writeHead(200, {
+      ...headers,
+      'content-type': 'text/event-stream; charset=utf-8',
+      'cache-control': 'no-cache',
+      connection: 'keep-alive',
+    });
+    const model = typeof requested.model === 'string' ? requested.model : undefined;
+    const frames = renderChunkFrames(chunks.map((chunk) => (model ? { ...chunk, model } : chunk)));
+    let closed = false;
+    res.on('close', () => {
+      closed = true;
+    });
+    for (const frame of frames) {
+      if (closed) return;
+      res.write(frame);
+      if (options.frameDelayMs) await sleep(options.frameDelayMs);
+    }
+    res.end();
+  }
+
+  function forward(
+    req: IncomingMessage,
+    path: string,
+    body: Buffer,
+    override: Record<string, string> = {},
+  ): Promise<IncomingMessage> {
+    const headers = { ...req.headers, ...override, host: `${host}:${prismPort}` };
+    delete headers['content-length'];
+    if (body.length > 0) headers['content-length'] = String(body.length);
+    return new Promise((resolvePromise, reject) => {
+      const upstream = request({ host, port: prismPort, method: req.method, path, headers }, resolvePromise);
+      upstream.on('error', reject);
+      upstream.end(body);
+    });
+  }
+
+  await new Promise<void>((resolvePromise, reject) => {
+    server.once('error', reject);
+    server.listen(options.port ?? 4010, host, () => resolvePromise());
+  });
+  const port = (server.address() as AddressInfo).port;
+  const pid = prism.pid;
+  if (pid === undefined) throw new Error('Prism did not start');
+
+  return {
+    url: `http://${host}:${port}${BASE_PATH}`,
+    port,
+    prismPid: pid,
+    async close() {
+      server.closeAllConnections();
+      await new Promise<void>((resolvePromise) => server.close(() => resolvePromise()));
+      await stopChild(prism);
+    },
+  };
+}
+
+/**
+ * Prism sends every declared header with its example value, `Content-Encoding: gzip` included, but never
+ * compresses: passing that header on would make clients fail to decode the body.
+ */
+function withoutEncoding(headers: IncomingHttpHeaders): IncomingHttpHeaders {
+  const { 'content-encoding': _ignored, ...rest } = headers;
+  return rest;
+}
+
+function isStreamRequest(value: unknown): value is { stream: true; model?: unknown } {
+  return typeof value === 'object' && value !== null && (value as { stream?: unknown }).stream === true;
+}
+
+function parseJson(body: Buffer): unknown {
+  try {
+    return JSON.parse(body.toString('utf8'));
+  } catch {
+    return undefined;
+  }
+}
+
+function spawnPrism(specPath: string, host: string, port: number, log: (line: string) => void): ChildProcess {
+  const require = createRequire(import.meta.url);
+  const pkgPath = require.resolve('@stoplight/prism-cli/package.json');
+  const pkg = JSON.parse(readFileSync(pkgPath, 'utf8')) as { bin: string | Record<string, string> };
+  const binRel = typeof pkg.bin === 'string' ? pkg.bin : (pkg.bin.prism ?? Object.values(pkg.bin)[0]);
+  if (!binRel) throw new Error('@stoplight/prism-cli has no bin entry');
+  const child = spawn(
+    process.execPath,
+    [join(dirname(pkgPath), binRel), 'mock', specPath, '--host', host, '--port', String(port), '--errors'],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  const forwardLines = (chunk: Buffer) => {
+    for (const line of chunk.toString('utf8').split('\n')) if (line.trim()) log(`prism: ${line}`);
+  };
+  child.stdout?.on('data', forwardLines);
+  child.stderr?.on('data', forwardLines);
+  return child;
+}
+
+async function freePort(host: string): Promise<number> {
+  const probe = createServer();
+  await new Promise<void>((resolvePromise) => probe.listen(0, host, () => resolvePromise()));
+  const { port } = probe.address() as AddressInfo;
+  await new Promise<void>((resolvePromise) => probe.close(() => resolvePromise()));
+  return port;
+}
+
+/** Polls until the port accepts connections (Prism prints nothing at quiet log levels). */
+async function waitForPort(
+  host: string,
+  port: number,
+  child: ChildProcess,
+  timeoutMs: number,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (child.exitCode !== null) throw new Error(`Prism exited with code ${child.exitCode} before listening`);
+    const open = await new Promise<boolean>((resolvePromise) => {
+      const socket = connect(port, host);
+      socket.once('connect', () => {
+        socket.destroy();
+        resolvePromise(true);
+      });
+      socket.once('error', () => resolvePromise(false));
+    });
+    if (open) return;
+    await sleep(100);
+  }
+  throw new Error(`Prism did not listen on ${host}:${port} within ${timeoutMs} ms`);
+}
+
+/** Stops a child by its pid: SIGTERM, then SIGKILL if it lingers. */
+export async function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise<void>((resolvePromise) => child.once('exit', () => resolvePromise()));
+  child.kill('SIGTERM');
+  const timer = setTimeout(() => child.kill('SIGKILL'), 3_000);
+  await exited;
+  clearTimeout(timer);
+}
+
+async function readBody(req: IncomingMessage): Promise<Buffer | undefined> {
+  const parts: Buffer[] = [];
+  let size = 0;
+  for await (const part of req) {
+    size += (part as Buffer).length;
+    if (size > MAX_BODY_BYTES) return undefined;
+    parts.push(part as Buffer);
+  }
+  return Buffer.concat(parts);
+}
+
+function sendJson(res: ServerResponse, status: number, body: unknown): void {
+  res.writeHead(status, { 'content-type': 'application/json; charset=utf-8' });
+  res.end(JSON.stringify(body));
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolvePromise) => setTimeout(resolvePromise, ms));
+}

@@ -1,0 +1,27 @@
+import { defineConfig } from 'vitest/config';
+
+export default defineConfig({
+  test: {
+    projects: [
+      {
+        test: {
+          name: 'unit',
+          include: [
+            'test/unit/**/*.test.ts',
+            'client/**/*.test.ts',
+            'mocks/**/*.test.ts',
+            'scripts/**/*.test.ts',
+          ],
+        },
+      },
+      {
+        test: {
+          name: 'contract',
+          include: ['test/contract/**/*.test.ts'],
+          testTimeout: 30_000,
+          hookTimeout: 90_000,
+        },
+      },
+    ],
+  },
+});
