@@ -5472,6 +5472,10 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
                 [name: string]: unknown;
             };
@@ -5485,6 +5489,10 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
                 [name: string]: unknown;
             };
@@ -5498,6 +5506,10 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
                 "PAYMENT-REQUIRED": components["headers"]["PaymentRequired"];
                 [name: string]: unknown;
@@ -5512,6 +5524,10 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
                 [name: string]: unknown;
             };
@@ -5525,6 +5541,10 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
                 [name: string]: unknown;
             };
@@ -5538,6 +5558,10 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
                 [name: string]: unknown;
             };
@@ -5551,6 +5575,10 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
                 [name: string]: unknown;
             };
@@ -5564,6 +5592,10 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
                 "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                 "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
@@ -5572,6 +5604,7 @@ export interface components {
                 "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                 "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                 "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                 "Retry-After": components["headers"]["RetryAfter"];
                 [name: string]: unknown;
             };
@@ -5585,7 +5618,12 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
+                "x-retry-count": components["headers"]["XRetryCount"];
                 [name: string]: unknown;
             };
             content: {
@@ -5598,7 +5636,12 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
+                "x-retry-count": components["headers"]["XRetryCount"];
                 "Retry-After": components["headers"]["RetryAfter"];
                 [name: string]: unknown;
             };
@@ -5612,7 +5655,12 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
+                "x-retry-count": components["headers"]["XRetryCount"];
                 [name: string]: unknown;
             };
             content: {
@@ -5625,6 +5673,10 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
                 [name: string]: unknown;
             };
@@ -5638,6 +5690,10 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
                 [name: string]: unknown;
             };
@@ -5651,6 +5707,10 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
                 "X-RateLimit-Limit": components["headers"]["XRateLimitLimit"];
                 "X-RateLimit-Remaining": components["headers"]["XRateLimitRemaining"];
@@ -5668,7 +5728,12 @@ export interface components {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
                 Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                 "x-service-host-name": components["headers"]["XServiceHostName"];
+                "x-retry-count": components["headers"]["XRetryCount"];
                 [name: string]: unknown;
             };
             content: {
@@ -5769,6 +5834,26 @@ export interface components {
          */
         Date: string;
         /**
+         * @description Time the server processed the request (ISO 8601). Sent when timestamp tracking is enabled.
+         * @example 2026-11-21T06:00:00.000Z
+         */
+        XServiceTimestamp: string;
+        /**
+         * @description Version of the first-party web client, echoed on requests it made.
+         * @example 2.14.0
+         */
+        XServiceMiddlefaceVersion: string;
+        /**
+         * @description Version of the first-party mobile app, echoed on requests it made.
+         * @example 1.9.2
+         */
+        XServiceMobileVersion: string;
+        /**
+         * @description Client-provided request time in milliseconds, echoed when the client provided it.
+         * @example 1795240800000
+         */
+        XServiceRequestTimestampMs: number;
+        /**
          * @description Maximum number of requests allowed in the current window. Sent on authenticated requests.
          * @example 500
          */
@@ -5804,6 +5889,11 @@ export interface components {
          */
         XRatelimitType: "user" | "api_key" | "global";
         /**
+         * @description `true` when an authentication token was refreshed during the request.
+         * @example false
+         */
+        XAuthRefreshed: "true" | "false";
+        /**
          * @description Identifier of the model that served the request.
          * @example llama-3.3-70b
          */
@@ -5818,6 +5908,11 @@ export interface components {
          * @example local
          */
         XServiceModelRouter: string;
+        /**
+         * @description Number of upstream retries made while serving the request, when retries occurred.
+         * @example 1
+         */
+        XRetryCount: number;
         /**
          * @description Warning text, sent when the requested model is deprecated and scheduled for removal.
          * @example This model is deprecated and will be removed on 2027-03-01. Use llama-3.3-70b instead.
@@ -6184,6 +6279,10 @@ export type ParameterPaymentLegacyXPayment = components['parameters']['PaymentLe
 export type HeaderCfRay = components['headers']['CfRay'];
 export type HeaderXServiceVersion = components['headers']['XServiceVersion'];
 export type HeaderDate = components['headers']['Date'];
+export type HeaderXServiceTimestamp = components['headers']['XServiceTimestamp'];
+export type HeaderXServiceMiddlefaceVersion = components['headers']['XServiceMiddlefaceVersion'];
+export type HeaderXServiceMobileVersion = components['headers']['XServiceMobileVersion'];
+export type HeaderXServiceRequestTimestampMs = components['headers']['XServiceRequestTimestampMs'];
 export type HeaderXRatelimitLimitRequests = components['headers']['XRatelimitLimitRequests'];
 export type HeaderXRatelimitRemainingRequests = components['headers']['XRatelimitRemainingRequests'];
 export type HeaderXRatelimitResetRequests = components['headers']['XRatelimitResetRequests'];
@@ -6191,9 +6290,11 @@ export type HeaderXRatelimitLimitTokens = components['headers']['XRatelimitLimit
 export type HeaderXRatelimitRemainingTokens = components['headers']['XRatelimitRemainingTokens'];
 export type HeaderXRatelimitResetTokens = components['headers']['XRatelimitResetTokens'];
 export type HeaderXRatelimitType = components['headers']['XRatelimitType'];
+export type HeaderXAuthRefreshed = components['headers']['XAuthRefreshed'];
 export type HeaderXServiceModelId = components['headers']['XServiceModelId'];
 export type HeaderXServiceModelName = components['headers']['XServiceModelName'];
 export type HeaderXServiceModelRouter = components['headers']['XServiceModelRouter'];
+export type HeaderXRetryCount = components['headers']['XRetryCount'];
 export type HeaderXServiceModelDeprecationWarning = components['headers']['XServiceModelDeprecationWarning'];
 export type HeaderXServiceModelDeprecationDate = components['headers']['XServiceModelDeprecationDate'];
 export type HeaderXServiceBalanceUsd = components['headers']['XServiceBalanceUsd'];
@@ -6262,6 +6363,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -6269,9 +6374,11 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     "x-service-model-id": components["headers"]["XServiceModelId"];
                     "x-service-model-name": components["headers"]["XServiceModelName"];
                     "x-service-model-router": components["headers"]["XServiceModelRouter"];
+                    "x-retry-count": components["headers"]["XRetryCount"];
                     "x-service-model-deprecation-warning": components["headers"]["XServiceModelDeprecationWarning"];
                     "x-service-model-deprecation-date": components["headers"]["XServiceModelDeprecationDate"];
                     "x-service-balance-usd": components["headers"]["XServiceBalanceUsd"];
@@ -6337,6 +6444,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -6344,9 +6455,11 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     "x-service-model-id": components["headers"]["XServiceModelId"];
                     "x-service-model-name": components["headers"]["XServiceModelName"];
                     "x-service-model-router": components["headers"]["XServiceModelRouter"];
+                    "x-retry-count": components["headers"]["XRetryCount"];
                     "x-service-model-deprecation-warning": components["headers"]["XServiceModelDeprecationWarning"];
                     "x-service-model-deprecation-date": components["headers"]["XServiceModelDeprecationDate"];
                     "x-service-balance-usd": components["headers"]["XServiceBalanceUsd"];
@@ -6413,6 +6526,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -6420,9 +6537,11 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     "x-service-model-id": components["headers"]["XServiceModelId"];
                     "x-service-model-name": components["headers"]["XServiceModelName"];
                     "x-service-model-router": components["headers"]["XServiceModelRouter"];
+                    "x-retry-count": components["headers"]["XRetryCount"];
                     "x-service-model-deprecation-warning": components["headers"]["XServiceModelDeprecationWarning"];
                     "x-service-model-deprecation-date": components["headers"]["XServiceModelDeprecationDate"];
                     "x-service-balance-usd": components["headers"]["XServiceBalanceUsd"];
@@ -6461,6 +6580,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -6503,6 +6626,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -6510,9 +6637,11 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     "x-service-model-id": components["headers"]["XServiceModelId"];
                     "x-service-model-name": components["headers"]["XServiceModelName"];
                     "x-service-model-router": components["headers"]["XServiceModelRouter"];
+                    "x-retry-count": components["headers"]["XRetryCount"];
                     "x-service-model-deprecation-warning": components["headers"]["XServiceModelDeprecationWarning"];
                     "x-service-model-deprecation-date": components["headers"]["XServiceModelDeprecationDate"];
                     "x-service-balance-usd": components["headers"]["XServiceBalanceUsd"];
@@ -6567,6 +6696,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -6574,9 +6707,11 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     "x-service-model-id": components["headers"]["XServiceModelId"];
                     "x-service-model-name": components["headers"]["XServiceModelName"];
                     "x-service-model-router": components["headers"]["XServiceModelRouter"];
+                    "x-retry-count": components["headers"]["XRetryCount"];
                     "x-service-model-deprecation-warning": components["headers"]["XServiceModelDeprecationWarning"];
                     "x-service-model-deprecation-date": components["headers"]["XServiceModelDeprecationDate"];
                     "x-service-balance-usd": components["headers"]["XServiceBalanceUsd"];
@@ -6641,6 +6776,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -6648,9 +6787,11 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     "x-service-model-id": components["headers"]["XServiceModelId"];
                     "x-service-model-name": components["headers"]["XServiceModelName"];
                     "x-service-model-router": components["headers"]["XServiceModelRouter"];
+                    "x-retry-count": components["headers"]["XRetryCount"];
                     "x-service-model-deprecation-warning": components["headers"]["XServiceModelDeprecationWarning"];
                     "x-service-model-deprecation-date": components["headers"]["XServiceModelDeprecationDate"];
                     "x-service-balance-usd": components["headers"]["XServiceBalanceUsd"];
@@ -6703,6 +6844,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -6710,6 +6855,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -6754,6 +6900,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -6761,9 +6911,11 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     "x-service-model-id": components["headers"]["XServiceModelId"];
                     "x-service-model-name": components["headers"]["XServiceModelName"];
                     "x-service-model-router": components["headers"]["XServiceModelRouter"];
+                    "x-retry-count": components["headers"]["XRetryCount"];
                     "x-service-model-deprecation-warning": components["headers"]["XServiceModelDeprecationWarning"];
                     "x-service-model-deprecation-date": components["headers"]["XServiceModelDeprecationDate"];
                     "x-service-balance-usd": components["headers"]["XServiceBalanceUsd"];
@@ -6787,6 +6939,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-service-host-name": components["headers"]["XServiceHostName"];
                     [name: string]: unknown;
                 };
@@ -6833,6 +6989,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -6840,9 +7000,11 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     "x-service-model-id": components["headers"]["XServiceModelId"];
                     "x-service-model-name": components["headers"]["XServiceModelName"];
                     "x-service-model-router": components["headers"]["XServiceModelRouter"];
+                    "x-retry-count": components["headers"]["XRetryCount"];
                     "x-service-model-deprecation-warning": components["headers"]["XServiceModelDeprecationWarning"];
                     "x-service-model-deprecation-date": components["headers"]["XServiceModelDeprecationDate"];
                     "x-service-balance-usd": components["headers"]["XServiceBalanceUsd"];
@@ -6867,6 +7029,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-service-host-name": components["headers"]["XServiceHostName"];
                     [name: string]: unknown;
                 };
@@ -6910,6 +7076,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -6917,9 +7087,11 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     "x-service-model-id": components["headers"]["XServiceModelId"];
                     "x-service-model-name": components["headers"]["XServiceModelName"];
                     "x-service-model-router": components["headers"]["XServiceModelRouter"];
+                    "x-retry-count": components["headers"]["XRetryCount"];
                     "x-service-model-deprecation-warning": components["headers"]["XServiceModelDeprecationWarning"];
                     "x-service-model-deprecation-date": components["headers"]["XServiceModelDeprecationDate"];
                     "x-service-balance-usd": components["headers"]["XServiceBalanceUsd"];
@@ -6971,6 +7143,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -6978,9 +7154,11 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     "x-service-model-id": components["headers"]["XServiceModelId"];
                     "x-service-model-name": components["headers"]["XServiceModelName"];
                     "x-service-model-router": components["headers"]["XServiceModelRouter"];
+                    "x-retry-count": components["headers"]["XRetryCount"];
                     "x-service-model-deprecation-warning": components["headers"]["XServiceModelDeprecationWarning"];
                     "x-service-model-deprecation-date": components["headers"]["XServiceModelDeprecationDate"];
                     "x-service-balance-usd": components["headers"]["XServiceBalanceUsd"];
@@ -7088,6 +7266,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7095,6 +7277,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     "x-pagination-limit": components["headers"]["XPaginationLimit"];
                     "x-pagination-page": components["headers"]["XPaginationPage"];
                     "x-pagination-total": components["headers"]["XPaginationTotal"];
@@ -7140,6 +7323,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7147,6 +7334,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7182,6 +7370,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7214,6 +7406,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7246,6 +7442,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7272,6 +7472,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7279,6 +7483,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7310,6 +7515,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7317,6 +7526,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7350,6 +7560,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7357,6 +7571,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7389,6 +7604,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7396,6 +7615,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7430,6 +7650,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7437,6 +7661,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7465,6 +7690,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7472,6 +7701,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7499,6 +7729,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7506,6 +7740,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7533,6 +7768,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7540,6 +7779,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7593,6 +7833,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7600,6 +7844,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     "x-pagination-limit": components["headers"]["XPaginationLimit"];
                     "x-pagination-page": components["headers"]["XPaginationPage"];
                     "x-pagination-total": components["headers"]["XPaginationTotal"];
@@ -7650,6 +7895,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7657,6 +7906,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7707,6 +7957,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "X-Service-RPC-Credits": components["headers"]["XServiceRpcCredits"];
                     "X-Service-RPC-Cost-USD": components["headers"]["XServiceRpcCostUsd"];
                     "X-Request-ID": components["headers"]["XRequestId"];
@@ -7719,6 +7973,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7752,6 +8007,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7791,6 +8050,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7798,6 +8061,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7850,6 +8114,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-ratelimit-limit-requests": components["headers"]["XRatelimitLimitRequests"];
                     "x-ratelimit-remaining-requests": components["headers"]["XRatelimitRemainingRequests"];
                     "x-ratelimit-reset-requests": components["headers"]["XRatelimitResetRequests"];
@@ -7857,6 +8125,7 @@ export interface operations {
                     "x-ratelimit-remaining-tokens": components["headers"]["XRatelimitRemainingTokens"];
                     "x-ratelimit-reset-tokens": components["headers"]["XRatelimitResetTokens"];
                     "x-ratelimit-type": components["headers"]["XRatelimitType"];
+                    "x-auth-refreshed": components["headers"]["XAuthRefreshed"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7908,6 +8177,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "PAYMENT-RESPONSE": components["headers"]["PaymentResponse"];
                     [name: string]: unknown;
                 };
@@ -7921,6 +8194,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -7934,6 +8211,10 @@ export interface operations {
                     "CF-RAY": components["headers"]["CfRay"];
                     "x-service-version": components["headers"]["XServiceVersion"];
                     Date: components["headers"]["Date"];
+                    "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                    "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                    "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                    "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
                     "x-service-host-name": components["headers"]["XServiceHostName"];
                     "PAYMENT-REQUIRED": components["headers"]["PaymentRequired"];
                     [name: string]: unknown;
