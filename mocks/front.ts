@@ -61,6 +61,60 @@ export function loadChunkExamples(specPath: string): ChunkLike[] {
   return examples as ChunkLike[];
 }
 
+/** An operation that answers 402 with the x402 discovery body when called without any credentials. */
+export type DiscoveryRoute = { method: string; pattern: RegExp; body: Record<string, unknown> };
+
+type Doc = {
+  paths: Record<
+    string,
+    Record<string, { security?: Record<string, unknown>[]; responses?: Record<string, unknown> }>
+  >;
+  components?: { responses?: Record<string, unknown>; examples?: Record<string, unknown> };
+};
+
+/**
+ * The operations whose documented 402 includes the x402 discovery example (a body with `x402Version`):
+ * inference operations, which answer a request without credentials with how to pay or sign in.
+ */
+export function loadDiscoveryRoutes(specPath: string): DiscoveryRoute[] {
+  const doc = parse(readFileSync(specPath, 'utf8')) as Doc;
+  const resolve = (value: unknown): Record<string, unknown> | undefined => {
+    let node = value as Record<string, unknown> | undefined;
+    while (node && typeof node.$ref === 'string') {
+      node = (node.$ref as string)
+        .slice(2)
+        .split('/')
+        .reduce<unknown>((at, key) => (at as Record<string, unknown>)?.[key], doc) as Record<string, unknown>;
+    }
+    return node;
+  };
+  const routes: DiscoveryRoute[] = [];
+  for (const [path, item] of Object.entries(doc.paths)) {
+    for (const [method, op] of Object.entries(item)) {
+      const open = !op.security || op.security.some((r) => Object.keys(r).length === 0);
+      const media = resolve(resolve(op.responses?.['402'])?.content as unknown) as
+        | Record<string, { examples?: Record<string, unknown> }>
+        | undefined;
+      const examples = Object.values(media?.['application/json']?.examples ?? {}).map(
+        (ex) => resolve(ex)?.value as Record<string, unknown> | undefined,
+      );
+      const body = examples.find((value) => value && 'x402Version' in value);
+      if (open || !body) continue;
+      const pattern = new RegExp(`^${path.replace(/\{[^/}]+\}/g, '[^/]+')}$`);
+      routes.push({ method: method.toUpperCase(), pattern, body });
+    }
+  }
+  return routes;
+}
+
+/** The `PAYMENT-REQUIRED` header: base64 of the x402 `PaymentRequired` part of a discovery body. */
+export function paymentRequiredHeader(body: Record<string, unknown>): string {
+  const { authOptions: _authOptions, ...paymentRequired } = body;
+  return Buffer.from(JSON.stringify(paymentRequired)).toString('base64');
+}
+
+const CREDENTIAL_HEADERS = ['authorization', 'sign-in-with-x', 'x-sign-in-with-x'];
+
 /** Renders chunks as the frames of an event stream, ending with `data: [DONE]`. */
 export function renderChunkFrames(chunks: readonly unknown[]): string[] {
   return [...chunks.map((chunk) => `data: ${JSON.stringify(chunk)}\n\n`), 'data: [DONE]\n\n'];
@@ -71,6 +125,7 @@ export async function startMock(options: MockOptions = {}): Promise<RunningMock>
   const host = options.host ?? '127.0.0.1';
   const log = options.log ?? ((line: string) => process.stdout.write(`${line}\n`));
   const chunks = loadChunkExamples(specPath);
+  const discoveryRoutes = loadDiscoveryRoutes(specPath);
   const prismPort = await freePort(host);
   const prism = spawnPrism(specPath, host, prismPort, log);
   try {
@@ -99,7 +154,20 @@ export async function startMock(options: MockOptions = {}): Promise<RunningMock>
       sendJson(res, 413, { error: 'Request body too large for the mock' });
       return;
     }
-    if (req.method === 'POST' && path.split('?')[0] === '/chat/completions') {
+    const pathname = path.split('?')[0] ?? '/';
+    const discovery = discoveryRoutes.find((r) => r.method === req.method && r.pattern.test(pathname));
+    if (discovery && !CREDENTIAL_HEADERS.some((name) => req.headers[name])) {
+      // As the server does: no credentials on an inference operation is 402 with how to pay or sign in.
+      res.writeHead(402, {
+        'content-type': 'application/json; charset=utf-8',
+        'payment-required': paymentRequiredHeader(discovery.body),
+        'access-control-allow-origin': '*',
+        'access-control-expose-headers': 'PAYMENT-REQUIRED',
+      });
+      res.end(JSON.stringify(discovery.body));
+      return;
+    }
+    if (req.method === 'POST' && pathname === '/chat/completions') {
       const requested = parseJson(body);
       if (isStreamRequest(requested)) {
         await streamChat(req, res, path, body, requested);
@@ -133,6 +201,7 @@ export async function startMock(options: MockOptions = {}): Promise<RunningMock>
     }
     res.writeHead(200, {
       ...headers,
+      'access-control-allow-origin': '*',
       'content-type': 'text/event-stream; charset=utf-8',
       'cache-control': 'no-cache',
       connection: 'keep-alive',

@@ -196,13 +196,13 @@ describe('mock: streamed chat', () => {
     expect(text.length).toBeGreaterThan(0);
   });
 
-  test('behavior: a streamed request without credentials is refused, not streamed', async () => {
+  test('behavior: a streamed request without credentials gets the x402 discovery 402, not a stream', async () => {
     const response = await fetch(`${mock.url}/chat/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify(chat),
     });
-    expect(response.status).toBeGreaterThanOrEqual(400);
+    expect(response.status).toBe(402);
     expect(response.headers.get('content-type')).not.toMatch(/event-stream/);
   });
 
@@ -223,6 +223,49 @@ describe('mock: streamed chat', () => {
     expect(withoutBase.status).toBe(200);
     expect(await withBase.json()).toEqual(await withoutBase.json());
   });
+});
+
+describe('mock: no credentials on an inference operation', () => {
+  const inference = operations.filter(
+    (op) => op.responses['402'] && !op.security.some((r) => Object.keys(r).length === 0),
+  );
+
+  test('behavior: every inference operation is covered', () => {
+    expect(inference.map((op) => op.operationId)).toEqual(
+      expect.arrayContaining([
+        'createChatCompletion',
+        'generateImage',
+        'createEmbedding',
+        'callCryptoRpc',
+        'queueVideo',
+      ]),
+    );
+  });
+
+  test.each(inference.map((op) => [op.operationId, op] as const))(
+    '%s answers 402 with the discovery body and the PAYMENT-REQUIRED header',
+    async (_id, op) => {
+      const path = op.parameters
+        .filter((p) => p.in === 'path')
+        .reduce(
+          (at, p) => at.replace(`{${p.name}}`, encodeURIComponent(String(parameterExample(doc, p)))),
+          op.path,
+        );
+      const response = await fetch(`${mock.url}${path}`, {
+        method: op.method.toUpperCase(),
+        ...(op.requestBody ? { headers: { 'content-type': 'application/json' }, body: '{}' } : {}),
+      });
+      expect(response.status).toBe(402);
+      const body = (await response.json()) as Record<string, unknown>;
+      expect(validator.checkResponse(op, 402, response.headers, { json: body })).toEqual([]);
+      expect(body).toMatchObject({ x402Version: 2, accepts: expect.any(Array) });
+      const header = JSON.parse(
+        Buffer.from(response.headers.get('payment-required') ?? '', 'base64').toString(),
+      );
+      const { authOptions: _authOptions, ...requirements } = body;
+      expect(header).toEqual(requirements);
+    },
+  );
 });
 
 /** The operations the interface description names (issue: the contract). */
