@@ -175,7 +175,7 @@ export async function startMock(options: MockOptions = {}): Promise<RunningMock>
       }
     }
     const upstream = await forward(req, path, body);
-    res.writeHead(upstream.statusCode ?? 502, withoutEncoding(upstream.headers));
+    res.writeHead(upstream.statusCode ?? 502, withRealHeaders(upstream.headers));
     upstream.pipe(res);
   }
 
@@ -190,7 +190,7 @@ export async function startMock(options: MockOptions = {}): Promise<RunningMock>
     const check = await forward(req, path, body, { accept: 'application/json' });
     const status = check.statusCode ?? 502;
     if (status < 200 || status >= 300) {
-      res.writeHead(status, withoutEncoding(check.headers));
+      res.writeHead(status, withRealHeaders(check.headers));
       check.pipe(res);
       return;
     }
@@ -260,9 +260,10 @@ export async function startMock(options: MockOptions = {}): Promise<RunningMock>
  * Prism sends every declared header with its example value, `Content-Encoding: gzip` included, but never
  * compresses: passing that header on would make clients fail to decode the body.
  */
-function withoutEncoding(headers: IncomingHttpHeaders): IncomingHttpHeaders {
+function withRealHeaders(headers: IncomingHttpHeaders): IncomingHttpHeaders {
   const { 'content-encoding': _ignored, ...rest } = headers;
-  return rest;
+  // Prism also replays the documented example `Date`; a response carries its real time.
+  return { ...rest, date: new Date().toUTCString() };
 }
 
 function isStreamRequest(value: unknown): value is { stream: true; model?: unknown } {

@@ -216,6 +216,14 @@ describe('mock: streamed chat', () => {
     expect(response.headers.get('content-type')).toMatch(/json/);
   });
 
+  test('behavior: responses carry the real Date, not the documented example', async () => {
+    const before = Date.now() - 2_000;
+    const response = await fetch(`${mock.url}/image/styles`);
+    const date = Date.parse(response.headers.get('date') ?? '');
+    expect(date).toBeGreaterThanOrEqual(Math.floor(before / 1000) * 1000);
+    expect(response.headers.get('content-encoding')).toBeNull();
+  });
+
   test('behavior: paths work with and without the /api/v1 base path', async () => {
     const withBase = await fetch(`${mock.url}/models`);
     const withoutBase = await fetch(`${mock.url.replace(/\/api\/v1$/, '')}/models`);
