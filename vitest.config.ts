@@ -16,6 +16,14 @@ export default defineConfig({
       },
       {
         test: {
+          name: 'integration',
+          include: ['test/integration/**/*.test.ts'],
+          testTimeout: 60_000,
+          hookTimeout: 120_000,
+        },
+      },
+      {
+        test: {
           name: 'contract',
           include: ['test/contract/**/*.test.ts'],
           testTimeout: 30_000,
