@@ -1,0 +1,313 @@
+/**
+ * createApp(deps): the HTTP application. Request flow:
+ *
+ *   request id + common headers -> CORS -> operations surface (/healthz, /readyz, /metrics, /docs)
+ *   -> authentication (from the spec's security) -> JSON body -> express-openapi-validator
+ *   (shape, 404/405/415; responses too when enabled) -> the typed handler of the operation
+ *   -> one error handler writing the interface's error bodies.
+ *
+ * Handlers are looked up by the operationId the validator matched, so the spec is the router.
+ */
+import { randomBytes } from 'node:crypto';
+import type { ServerResponse } from 'node:http';
+import compression from 'compression';
+import express, { type NextFunction, type Request, type Response } from 'express';
+import * as OpenApiValidator from 'express-openapi-validator';
+import type { Logger } from 'pino';
+import type { Config } from './config.ts';
+import { type AuthPorts, type Principal, resolvePrincipal } from './http/auth.ts';
+import type { Handler, HandlerContext, HandlerTable, Reply } from './http/contract.ts';
+import { ApiError, toValidationDetails } from './http/errors.ts';
+import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
+import type { Metrics } from './observability/metrics.ts';
+import { mountOperationsSurface } from './observability/surface.ts';
+
+export type AppDeps = {
+  config: Config;
+  contract: Contract;
+  logger: Logger;
+  auth: AuthPorts;
+  handlers: HandlerTable;
+  metrics: Metrics;
+  /** Resolves when the service can take traffic (database reachable); throws otherwise. */
+  readiness(): Promise<void>;
+};
+
+type Locals = {
+  requestId: string;
+  log: Logger;
+  principal?: Principal;
+  operationId?: OperationId;
+  start: bigint;
+};
+
+/** Headers a browser client may read. */
+const EXPOSED_HEADERS = [
+  'CF-RAY',
+  'x-service-version',
+  'x-service-host-name',
+  'x-service-model-id',
+  'x-service-model-name',
+  'x-service-model-router',
+  'x-service-model-deprecation-warning',
+  'x-service-model-deprecation-date',
+  'x-service-balance-usd',
+  'x-service-balance-diem',
+  'x-service-enhanced-prompt',
+  'x-service-is-blurred',
+  'x-service-is-content-violation',
+  'x-ratelimit-limit-requests',
+  'x-ratelimit-remaining-requests',
+  'x-ratelimit-reset-requests',
+  'x-ratelimit-limit-tokens',
+  'x-ratelimit-remaining-tokens',
+  'x-ratelimit-reset-tokens',
+  'x-ratelimit-type',
+  'x-pagination-limit',
+  'x-pagination-page',
+  'x-pagination-total',
+  'x-pagination-total-pages',
+  'x-next-cursor',
+  'X-Balance-Remaining',
+  'X-Service-RPC-Credits',
+  'X-Service-RPC-Cost-USD',
+  'X-Request-ID',
+  'Idempotent-Replayed',
+  'X-RateLimit-Limit',
+  'X-RateLimit-Remaining',
+  'X-RateLimit-Reset',
+  'Retry-After',
+  'PAYMENT-REQUIRED',
+  'PAYMENT-RESPONSE',
+  'Content-Disposition',
+].join(', ');
+
+const ALLOWED_HEADERS = [
+  'Authorization',
+  'Content-Type',
+  'Accept',
+  'Accept-Encoding',
+  'SIGN-IN-WITH-X',
+  'X-Sign-In-With-X',
+  'PAYMENT-SIGNATURE',
+  'X-PAYMENT',
+  'X-402-Payment',
+  'Idempotency-Key',
+].join(', ');
+
+export function createApp(deps: AppDeps): express.Express {
+  const { config, contract, logger, metrics } = deps;
+  const app = express();
+  app.disable('x-powered-by');
+  app.set('etag', false);
+  app.set('query parser', 'extended');
+
+  // Request id and the headers every response carries.
+  app.use((req, res, next) => {
+    const requestId = `${randomBytes(8).toString('hex')}-${config.colo}`;
+    const locals = res.locals as Locals;
+    locals.requestId = requestId;
+    locals.start = process.hrtime.bigint();
+    locals.log = logger.child({ cfRay: requestId });
+    res.setHeader('CF-RAY', requestId);
+    res.setHeader('x-service-version', contract.version);
+    res.on('finish', () => {
+      const seconds = Number(process.hrtime.bigint() - locals.start) / 1e9;
+      const operation = locals.operationId ?? 'unmatched';
+      metrics.observeRequest(operation, res.statusCode, seconds);
+      locals.log.info(
+        {
+          method: req.method,
+          path: req.path,
+          status: res.statusCode,
+          operation,
+          ms: Math.round(seconds * 1000),
+        },
+        'request',
+      );
+    });
+    next();
+  });
+
+  // CORS, including the x402 headers a browser client must be able to read and send.
+  app.use((req, res, next) => {
+    const origin = req.headers.origin;
+    const allowAll = config.corsOrigins.includes('*');
+    if (origin && (allowAll || config.corsOrigins.includes(origin))) {
+      res.setHeader('Access-Control-Allow-Origin', allowAll ? '*' : origin);
+      if (!allowAll) res.setHeader('Vary', 'Origin');
+      res.setHeader('Access-Control-Expose-Headers', EXPOSED_HEADERS);
+    }
+    if (req.method === 'OPTIONS' && origin && req.headers['access-control-request-method']) {
+      res.setHeader('Access-Control-Allow-Methods', 'GET, POST, PATCH, DELETE, OPTIONS');
+      res.setHeader('Access-Control-Allow-Headers', ALLOWED_HEADERS);
+      res.setHeader('Access-Control-Max-Age', '600');
+      res.status(204).end();
+      return;
+    }
+    next();
+  });
+
+  // gzip or br for JSON and CSV only: never for event streams or binary media.
+  app.use(
+    compression({
+      filter: (_req, res) =>
+        /^(application\/json|text\/csv)/.test(String(res.getHeader('Content-Type') ?? '')),
+    }),
+  );
+
+  mountOperationsSurface(app, deps);
+
+  // Authentication, from the operation's `security` in the spec.
+  app.use(BASE_PATH, (req, res, next) => {
+    const op = contract.match(req.method, req.path);
+    if (!op) return next();
+    const locals = res.locals as Locals;
+    locals.operationId = op.operationId;
+    resolvePrincipal(req, op, deps.auth).then(
+      (principal) => {
+        if (principal) locals.principal = principal;
+        next();
+      },
+      (error: unknown) => next(error),
+    );
+  });
+
+  app.use(
+    express.json({ limit: config.jsonBodyLimitBytes, type: ['application/json', 'application/*+json'] }),
+  );
+
+  app.use(
+    OpenApiValidator.middleware({
+      apiSpec: contract.document as unknown as string,
+      validateApiSpec: false,
+      validateRequests: { allErrors: true },
+      validateResponses: config.validateResponses ? { allErrors: true } : false,
+      validateSecurity: false,
+      ignoreUndocumented: false,
+      ignorePaths: (path: string) => !path.startsWith(`${BASE_PATH}/`),
+      fileUploader: { limits: { fileSize: 25 * 1024 * 1024, files: 1 } },
+      validateFormats: 'full',
+    }),
+  );
+
+  // Dispatch to the operation's handler.
+  app.use(BASE_PATH, (req, res, next) => {
+    const operationId = (req as Request & { openapi?: { schema?: { operationId?: string } } }).openapi?.schema
+      ?.operationId as OperationId | undefined;
+    if (!operationId)
+      return next(new ApiError(404, `Not found: ${req.method} ${req.originalUrl}`, { code: 'NOT_FOUND' }));
+    const locals = res.locals as Locals;
+    locals.operationId = operationId;
+    const handler = deps.handlers[operationId] as Handler<OperationId>;
+    const aborter = new AbortController();
+    res.on('close', () => {
+      if (!res.writableFinished) aborter.abort();
+    });
+    const ctx = {
+      operationId,
+      query: req.query,
+      path: req.params,
+      body: req.body,
+      headers: req.headers,
+      principal: locals.principal,
+      requestId: locals.requestId,
+      log: locals.log,
+      signal: aborter.signal,
+      setHeader: (name: string, value: string | number) => res.setHeader(name, value),
+    } as unknown as HandlerContext<OperationId>;
+    handler(ctx).then(
+      (reply) => writeReply(res, reply, aborter.signal).catch(next),
+      (error: unknown) => next(error),
+    );
+  });
+
+  app.use((error: unknown, req: Request, res: Response, _next: NextFunction) => {
+    const locals = res.locals as Locals;
+    const failure = toApiError(error, req);
+    if (failure.status >= 500 && failure.status !== 501 && failure.status !== 503) {
+      locals.log.error({ err: error, path: req.path }, 'request failed');
+    }
+    if (res.headersSent) {
+      res.destroy();
+      return;
+    }
+    res.setHeader('x-service-host-name', config.hostName);
+    for (const [name, value] of Object.entries(failure.headers)) res.setHeader(name, value);
+    res.status(failure.status);
+    // 501 is scaffolding that the contract does not declare: written raw, past response validation.
+    if (failure.status === 501 || !(req as Request & { openapi?: unknown }).openapi) {
+      res.type('application/json').send(JSON.stringify(failure.toBody()));
+      return;
+    }
+    res.json(failure.toBody());
+  });
+
+  return app;
+}
+
+async function writeReply(res: ServerResponse & Response, reply: Reply<OperationId>, signal: AbortSignal) {
+  for (const [name, value] of Object.entries(reply.headers ?? {})) res.setHeader(name, value);
+  if ('stream' in reply) {
+    await reply.stream(res, signal);
+    return;
+  }
+  if ('contentType' in reply) {
+    res.status(reply.status).type(reply.contentType).send(reply.body);
+    return;
+  }
+  const json = reply as { status: number; body: unknown };
+  res.status(json.status).json(json.body);
+}
+
+type HttpErrorLike = {
+  status?: number;
+  statusCode?: number;
+  type?: string;
+  code?: string;
+  message?: string;
+  errors?: { path?: string; message?: string }[];
+};
+
+/** Maps anything thrown to the interface's error: validator and parser errors keep their meaning. */
+export function toApiError(error: unknown, req: Request): ApiError {
+  if (error instanceof ApiError) return error;
+  const e = (error ?? {}) as HttpErrorLike;
+  if (e.type === 'entity.parse.failed') {
+    return new ApiError(400, 'Invalid JSON request body', { code: 'INVALID_JSON', cause: error });
+  }
+  if (e.type === 'entity.too.large' || e.code === 'LIMIT_FILE_SIZE') {
+    return new ApiError(413, 'Request body exceeds the maximum allowed size', { code: 'PAYLOAD_TOO_LARGE' });
+  }
+  if (e.type === 'encoding.unsupported' || e.type === 'charset.unsupported') {
+    return new ApiError(415, e.message ?? 'Unsupported content encoding', { code: 'INVALID_CONTENT_TYPE' });
+  }
+  const status = e.status ?? e.statusCode;
+  switch (status) {
+    case 400: {
+      const message = e.message ?? 'Invalid request parameters';
+      return new ApiError(400, message, {
+        details: toValidationDetails(e.errors ?? [], message),
+        cause: error,
+      });
+    }
+    case 404:
+      return new ApiError(404, `Not found: ${req.method} ${req.originalUrl.split('?')[0]}`, {
+        code: 'NOT_FOUND',
+      });
+    case 405:
+      return new ApiError(405, `Method ${req.method} is not allowed on ${req.originalUrl.split('?')[0]}`, {
+        code: 'METHOD_NOT_ALLOWED',
+      });
+    case 413:
+      return new ApiError(413, 'Request body exceeds the maximum allowed size', {
+        code: 'PAYLOAD_TOO_LARGE',
+      });
+    case 415: {
+      const type = req.headers['content-type'] ?? 'none';
+      return new ApiError(415, `Unsupported Content-Type '${type}'`, { code: 'INVALID_CONTENT_TYPE' });
+    }
+    default:
+      return new ApiError(500, 'Internal server error', { code: 'INTERNAL_ERROR', cause: error });
+  }
+}

@@ -1,0 +1,74 @@
+/**
+ * Handler types derived from the generated contract: a handler for operation `K` receives the validated
+ * parameters and body of `K` and must reply with one of `K`'s documented success bodies. The operation table
+ * `satisfies HandlerTable`, so a missing, misspelt or mistyped handler does not compile.
+ */
+import type { IncomingHttpHeaders, ServerResponse } from 'node:http';
+import type { Logger } from 'pino';
+import type { operations } from '../../generated/api.d.ts';
+import type { Principal } from './auth.ts';
+import type { OperationId } from './spec.ts';
+
+type Op<K extends OperationId> = operations[K];
+type Params<K extends OperationId> = Op<K> extends { parameters: infer P } ? P : never;
+
+type Defined<T> = [T] extends [never] ? Record<string, never> : Exclude<T, undefined>;
+
+export type QueryOf<K extends OperationId> = Defined<Params<K> extends { query?: infer Q } ? Q : never>;
+export type PathOf<K extends OperationId> = Defined<Params<K> extends { path?: infer P } ? P : never>;
+
+type Content<T> = T extends { content: infer C } ? C : never;
+type JsonContent<T> = Content<T> extends { 'application/json': infer B } ? B : never;
+
+export type BodyOf<K extends OperationId> =
+  Op<K> extends { requestBody: infer R }
+    ? JsonContent<R> extends never
+      ? Content<R>[keyof Content<R>]
+      : JsonContent<R>
+    : Op<K> extends { requestBody?: infer R }
+      ? JsonContent<R> | undefined
+      : undefined;
+
+type Responses<K extends OperationId> = Op<K>['responses'];
+type SuccessStatus<K extends OperationId> = Extract<keyof Responses<K>, 200 | 201 | 202 | 204>;
+
+export type ReplyHeaders = Record<string, string | number>;
+
+/** A documented JSON success body with its status. */
+export type JsonReply<K extends OperationId> = {
+  [S in SuccessStatus<K>]: JsonContent<Responses<K>[S]> extends never
+    ? never
+    : { status: S; body: JsonContent<Responses<K>[S]>; headers?: ReplyHeaders };
+}[SuccessStatus<K>];
+
+/** Bytes with their media type: images, audio, video, CSV. */
+export type RawReply = { status: 200; contentType: string; body: Buffer | string; headers?: ReplyHeaders };
+
+/** A response the handler writes itself (Server-Sent Events); `signal` aborts when the client goes away. */
+export type StreamReply = {
+  stream: (res: ServerResponse, signal: AbortSignal) => Promise<void>;
+  headers?: ReplyHeaders;
+};
+
+export type Reply<K extends OperationId> = JsonReply<K> | RawReply | StreamReply;
+
+export type HandlerContext<K extends OperationId> = {
+  operationId: K;
+  query: QueryOf<K>;
+  path: PathOf<K>;
+  body: BodyOf<K>;
+  headers: IncomingHttpHeaders;
+  /** The caller; undefined only on public operations called without credentials. */
+  principal: Principal | undefined;
+  /** The request id (also the `CF-RAY` header and every log line's `cfRay`). */
+  requestId: string;
+  log: Logger;
+  /** Aborted when the client disconnects. */
+  signal: AbortSignal;
+  /** Adds response headers (for example balance headers computed before the work). */
+  setHeader(name: string, value: string | number): void;
+};
+
+export type Handler<K extends OperationId> = (ctx: HandlerContext<K>) => Promise<Reply<K>>;
+
+export type HandlerTable = { [K in OperationId]: Handler<K> };

@@ -1,0 +1,104 @@
+/**
+ * Prometheus metrics in the text exposition format, without a client library: request counts and latency by
+ * operation and status, upstream latency by provider, and gauges read at scrape time (ledger totals).
+ */
+const BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
+
+type Histogram = { counts: number[]; sum: number; count: number };
+
+export type Gauge = { name: string; help: string; read: () => Promise<Record<string, number>> };
+
+export type Metrics = {
+  observeRequest(operation: string, status: number, seconds: number): void;
+  observeUpstream(upstream: string, outcome: string, seconds: number): void;
+  addGauge(gauge: Gauge): void;
+  render(): Promise<string>;
+};
+
+export function createMetrics(): Metrics {
+  const requests = new Map<string, number>();
+  const durations = new Map<string, Histogram>();
+  const upstream = new Map<string, Histogram>();
+  const gauges: Gauge[] = [];
+
+  const observe = (map: Map<string, Histogram>, key: string, seconds: number) => {
+    let h = map.get(key);
+    if (!h) {
+      h = { counts: BUCKETS.map(() => 0), sum: 0, count: 0 };
+      map.set(key, h);
+    }
+    for (let i = 0; i < BUCKETS.length; i++)
+      if (seconds <= (BUCKETS[i] ?? Infinity)) h.counts[i] = (h.counts[i] ?? 0) + 1;
+    h.sum += seconds;
+    h.count += 1;
+  };
+
+  const renderHistogram = (name: string, help: string, label: string, map: Map<string, Histogram>) => {
+    const lines = [`# HELP ${name} ${help}`, `# TYPE ${name} histogram`];
+    for (const [key, h] of map) {
+      const l = `${label}="${escapeLabel(key)}"`;
+      BUCKETS.forEach((b, i) => {
+        lines.push(`${name}_bucket{${l},le="${b}"} ${h.counts[i]}`);
+      });
+      lines.push(
+        `${name}_bucket{${l},le="+Inf"} ${h.count}`,
+        `${name}_sum{${l}} ${h.sum}`,
+        `${name}_count{${l}} ${h.count}`,
+      );
+    }
+    return lines;
+  };
+
+  return {
+    observeRequest(operation, status, seconds) {
+      const key = `${operation}\u0000${status}`;
+      requests.set(key, (requests.get(key) ?? 0) + 1);
+      observe(durations, operation, seconds);
+    },
+    observeUpstream(name, outcome, seconds) {
+      observe(upstream, `${name}:${outcome}`, seconds);
+    },
+    addGauge(gauge) {
+      gauges.push(gauge);
+    },
+    async render() {
+      const lines = [
+        '# HELP http_requests_total Requests by operation and status.',
+        '# TYPE http_requests_total counter',
+      ];
+      for (const [key, count] of requests) {
+        const [operation, status] = key.split('\u0000');
+        lines.push(
+          `http_requests_total{operation="${escapeLabel(operation ?? '')}",status="${status}"} ${count}`,
+        );
+      }
+      lines.push(
+        ...renderHistogram(
+          'http_request_duration_seconds',
+          'Request latency by operation.',
+          'operation',
+          durations,
+        ),
+      );
+      lines.push(
+        ...renderHistogram(
+          'upstream_request_duration_seconds',
+          'Upstream latency by upstream and outcome.',
+          'upstream',
+          upstream,
+        ),
+      );
+      for (const gauge of gauges) {
+        lines.push(`# HELP ${gauge.name} ${gauge.help}`, `# TYPE ${gauge.name} gauge`);
+        for (const [labels, value] of Object.entries(await gauge.read())) {
+          lines.push(`${gauge.name}${labels ? `{${labels}}` : ''} ${value}`);
+        }
+      }
+      return `${lines.join('\n')}\n`;
+    },
+  };
+}
+
+function escapeLabel(value: string): string {
+  return value.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n');
+}

@@ -1,0 +1,60 @@
+/**
+ * Starts the real HTTP app on a loopback port for a test, with whatever ports the test provides.
+ */
+import type { AddressInfo } from 'node:net';
+import { pino } from 'pino';
+import { createApp } from '../../server/app.ts';
+import { type Config, loadConfig } from '../../server/config.ts';
+import { discoveryPaymentRequired } from '../../server/domains/wallet/discovery.ts';
+import { createHandlers, type HandlerGroups } from '../../server/handlers.ts';
+import type { AuthPorts } from '../../server/http/auth.ts';
+import { loadContract } from '../../server/http/spec.ts';
+import { createMetrics } from '../../server/observability/metrics.ts';
+
+export type TestApp = { url: string; origin: string; config: Config; close(): Promise<void> };
+
+export async function startTestApp(
+  options: {
+    env?: Record<string, string>;
+    handlers?: HandlerGroups;
+    auth?: Partial<AuthPorts>;
+    readiness?: () => Promise<void>;
+  } = {},
+): Promise<TestApp> {
+  const config = loadConfig({ NODE_ENV: 'test', LOG_LEVEL: 'silent', PORT: '0', ...options.env });
+  const contract = loadContract();
+  const auth: AuthPorts = {
+    authenticateApiKey: async () => undefined,
+    paymentRequired: (req, op) =>
+      discoveryPaymentRequired(
+        { publicOrigin: config.publicOrigin, payToBase: '0x7a3B9c2D1e4F5a6B7c8D9e0F1a2B3c4D5e6F7a8B' },
+        { path: req.originalUrl.split('?')[0] ?? '', description: op.summary },
+      ),
+    ...options.auth,
+  };
+  const app = createApp({
+    config,
+    contract,
+    logger: pino({ level: 'silent' }),
+    auth,
+    handlers: createHandlers(options.handlers ?? {}),
+    metrics: createMetrics(),
+    readiness: options.readiness ?? (async () => {}),
+  });
+  const server = app.listen(0, '127.0.0.1');
+  await new Promise<void>((resolve, reject) => {
+    server.once('listening', resolve);
+    server.once('error', reject);
+  });
+  const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  return {
+    url: `${origin}/api/v1`,
+    origin,
+    config,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}
