@@ -5569,6 +5569,23 @@ export interface components {
                 "application/json": components["schemas"]["StandardError"];
             };
         };
+        /** @description The request body or an uploaded file exceeds the size limit. */
+        PayloadTooLarge: {
+            headers: {
+                "CF-RAY": components["headers"]["CfRay"];
+                "x-service-version": components["headers"]["XServiceVersion"];
+                Date: components["headers"]["Date"];
+                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
+                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
+                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
+                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
+                "x-service-host-name": components["headers"]["XServiceHostName"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["StandardError"];
+            };
+        };
         /** @description The request's `Content-Type` is not one the operation accepts. */
         UnsupportedMediaType: {
             headers: {
@@ -5669,23 +5686,6 @@ export interface components {
         };
         /** @description The request is well-formed but its content cannot be processed, for example it violates the content policy. */
         UnprocessableContent: {
-            headers: {
-                "CF-RAY": components["headers"]["CfRay"];
-                "x-service-version": components["headers"]["XServiceVersion"];
-                Date: components["headers"]["Date"];
-                "x-service-timestamp": components["headers"]["XServiceTimestamp"];
-                "x-service-middleface-version": components["headers"]["XServiceMiddlefaceVersion"];
-                "x-service-mobile-version": components["headers"]["XServiceMobileVersion"];
-                "x-service-request-timestamp-ms": components["headers"]["XServiceRequestTimestampMs"];
-                "x-service-host-name": components["headers"]["XServiceHostName"];
-                [name: string]: unknown;
-            };
-            content: {
-                "application/json": components["schemas"]["StandardError"];
-            };
-        };
-        /** @description The request body or an uploaded file exceeds the size limit. */
-        PayloadTooLarge: {
             headers: {
                 "CF-RAY": components["headers"]["CfRay"];
                 "x-service-version": components["headers"]["XServiceVersion"];
@@ -6253,13 +6253,13 @@ export type ResponsePaymentRequired = components['responses']['PaymentRequired']
 export type ResponseForbidden = components['responses']['Forbidden'];
 export type ResponseNotFound = components['responses']['NotFound'];
 export type ResponseConflict = components['responses']['Conflict'];
+export type ResponsePayloadTooLarge = components['responses']['PayloadTooLarge'];
 export type ResponseUnsupportedMediaType = components['responses']['UnsupportedMediaType'];
 export type ResponseTooManyRequests = components['responses']['TooManyRequests'];
 export type ResponseInternalServerError = components['responses']['InternalServerError'];
 export type ResponseServiceUnavailable = components['responses']['ServiceUnavailable'];
 export type ResponseGatewayTimeout = components['responses']['GatewayTimeout'];
 export type ResponseUnprocessableContent = components['responses']['UnprocessableContent'];
-export type ResponsePayloadTooLarge = components['responses']['PayloadTooLarge'];
 export type ResponseRpcTooManyRequests = components['responses']['RpcTooManyRequests'];
 export type ResponseBadGateway = components['responses']['BadGateway'];
 export type ParameterAcceptEncoding = components['parameters']['AcceptEncoding'];
@@ -6405,6 +6405,7 @@ export interface operations {
             404: components["responses"]["NotFound"];
             /** @description A request with the same `Idempotency-Key` is still being processed; retry after it completes. */
             409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
             /** @description The request body is not `application/json`. */
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
@@ -6488,6 +6489,7 @@ export interface operations {
             402: components["responses"]["PaymentRequired"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["UnprocessableContent"];
             429: components["responses"]["TooManyRequests"];
@@ -6559,6 +6561,7 @@ export interface operations {
             402: components["responses"]["PaymentRequired"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
@@ -6591,6 +6594,8 @@ export interface operations {
                 };
             };
             400: components["responses"]["BadRequest"];
+            /** @description The optional API key was sent but is unknown, revoked or expired. */
+            401: components["responses"]["Unauthorized"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
         };
@@ -6659,6 +6664,7 @@ export interface operations {
             402: components["responses"]["PaymentRequired"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
@@ -6739,6 +6745,7 @@ export interface operations {
             402: components["responses"]["PaymentRequired"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
@@ -6865,6 +6872,8 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
         };
@@ -7023,6 +7032,8 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             402: components["responses"]["PaymentRequired"];
             404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             /** @description The provider refused the job under its content policy after it was queued. The job is over and its price has been refunded when `creditsRefunded` is true; `recommendedModel` may name a model that accepts the request. */
             422: {
                 headers: {
@@ -7108,6 +7119,8 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             402: components["responses"]["PaymentRequired"];
             404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
         };
@@ -7176,6 +7189,7 @@ export interface operations {
             402: components["responses"]["PaymentRequired"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
@@ -7381,6 +7395,8 @@ export interface operations {
                 };
             };
             400: components["responses"]["BadRequest"];
+            /** @description The optional API key was sent but is unknown, revoked or expired. */
+            401: components["responses"]["Unauthorized"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
         };
@@ -7417,6 +7433,8 @@ export interface operations {
                 };
             };
             400: components["responses"]["BadRequest"];
+            /** @description The optional API key was sent but is unknown, revoked or expired. */
+            401: components["responses"]["Unauthorized"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
         };
@@ -7453,6 +7471,8 @@ export interface operations {
                 };
             };
             400: components["responses"]["BadRequest"];
+            /** @description The optional API key was sent but is unknown, revoked or expired. */
+            401: components["responses"]["Unauthorized"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
         };
@@ -7535,6 +7555,8 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
         };
@@ -7625,6 +7647,8 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
         };
@@ -7984,6 +8008,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             402: components["responses"]["PaymentRequired"];
             409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["RpcTooManyRequests"];
             500: components["responses"]["InternalServerError"];
@@ -8224,6 +8249,8 @@ export interface operations {
                 };
             };
             409: components["responses"]["Conflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
             429: components["responses"]["TooManyRequests"];
             500: components["responses"]["InternalServerError"];
             503: components["responses"]["ServiceUnavailable"];
