@@ -16,7 +16,7 @@ import * as OpenApiValidator from 'express-openapi-validator';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
 import { type AuthPorts, type Principal, resolvePrincipal } from './http/auth.ts';
-import type { Handler, HandlerContext, HandlerTable, Reply } from './http/contract.ts';
+import type { Handler, HandlerContext, HandlerTable, Reply, ReplyHeaders } from './http/contract.ts';
 import { ApiError, toValidationDetails } from './http/errors.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
 import type { Metrics } from './observability/metrics.ts';
@@ -31,6 +31,11 @@ export type AppDeps = {
   metrics: Metrics;
   /** Resolves when the service can take traffic (database reachable); throws otherwise. */
   readiness(): Promise<void>;
+  /**
+   * Admission of an authenticated request after validation (rate limits): returns headers to send, or throws
+   * the ApiError to answer with (429).
+   */
+  admit?(input: { operationId: OperationId; principal: Principal; body: unknown }): Promise<ReplyHeaders>;
 };
 
 type Locals = {
@@ -187,14 +192,16 @@ export function createApp(deps: AppDeps): express.Express {
       ignoreUndocumented: false,
       ignorePaths: (path: string) => !path.startsWith(`${BASE_PATH}/`),
       fileUploader: { limits: { fileSize: 25 * 1024 * 1024, files: 1 } },
-      validateFormats: 'full',
+      validateFormats: true,
     }),
   );
 
   // Dispatch to the operation's handler.
   app.use(BASE_PATH, (req, res, next) => {
-    const operationId = (req as Request & { openapi?: { schema?: { operationId?: string } } }).openapi?.schema
-      ?.operationId as OperationId | undefined;
+    const openapi = (
+      req as Request & { openapi?: { schema?: { operationId?: string }; pathParams?: object } }
+    ).openapi;
+    const operationId = openapi?.schema?.operationId as OperationId | undefined;
     if (!operationId)
       return next(new ApiError(404, `Not found: ${req.method} ${req.originalUrl}`, { code: 'NOT_FOUND' }));
     const locals = res.locals as Locals;
@@ -207,7 +214,9 @@ export function createApp(deps: AppDeps): express.Express {
     const ctx = {
       operationId,
       query: req.query,
-      path: req.params,
+      // The validator fills in schema defaults; handlers that must know what the client wrote look here.
+      sentQuery: new Set(new URL(req.originalUrl, 'http://local').searchParams.keys()),
+      path: openapi?.pathParams ?? {},
       body: req.body,
       headers: req.headers,
       principal: locals.principal,
@@ -216,10 +225,19 @@ export function createApp(deps: AppDeps): express.Express {
       signal: aborter.signal,
       setHeader: (name: string, value: string | number) => res.setHeader(name, value),
     } as unknown as HandlerContext<OperationId>;
-    handler(ctx).then(
-      (reply) => writeReply(res, reply, aborter.signal).catch(next),
-      (error: unknown) => next(error),
-    );
+    const admitted =
+      deps.admit && locals.principal
+        ? deps.admit({ operationId, principal: locals.principal, body: req.body })
+        : Promise.resolve<ReplyHeaders>({});
+    admitted
+      .then((headers) => {
+        for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
+        return handler(ctx);
+      })
+      .then(
+        (reply) => writeReply(res, reply, aborter.signal).catch(next),
+        (error: unknown) => next(error),
+      );
   });
 
   app.use((error: unknown, req: Request, res: Response, _next: NextFunction) => {

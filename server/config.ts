@@ -15,68 +15,71 @@ const port = z.coerce.number().int().min(0).max(65_535);
 /** Decimal USD with at most 9 decimal places, kept as a string so it can be parsed exactly. */
 const usd = z.string().regex(/^\d{1,9}(\.\d{1,9})?$/, 'a decimal USD amount such as 10 or 2.50');
 
-const schema = z
-  .object({
-    NODE_ENV: z.enum(['development', 'test', 'production']).default('development'),
-    PORT: port.default(3000),
-    HOST: z.string().min(1).default('127.0.0.1'),
-    PUBLIC_ORIGIN: z.url().optional(),
-    DATABASE_URL: z
-      .string()
-      .regex(/^(sqlite:|postgres:\/\/|postgresql:\/\/)/, 'sqlite:<path>, sqlite::memory: or postgres://…')
-      .default('sqlite:./data/service.db'),
-    SERVICE_CONFIG: z.string().min(1).optional(),
-    ADMIN_API_KEY: z.string().min(20, 'at least 20 characters').optional(),
-    BOOTSTRAP_BALANCE_USD: usd.default('10'),
-    VALIDATE_RESPONSES: bool.optional(),
-    LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
-    CORS_ORIGINS: z.string().default('*'),
-    SHUTDOWN_GRACE_MS: z.coerce.number().int().min(0).max(600_000).default(10_000),
-    SERVICE_HOST_NAME: z.string().min(1).default(hostname()),
-    SERVICE_COLO: z
-      .string()
-      .regex(/^[A-Z]{3}$/, 'three upper-case letters')
-      .default('LOC'),
-    RESERVATION_TTL_MS: z.coerce.number().int().min(1_000).max(86_400_000).default(900_000),
-    X402_PAY_TO_BASE: z
-      .string()
-      .regex(/^0x[0-9a-fA-F]{40}$/, 'an EVM address')
-      .optional(),
-    X402_PAY_TO_SOLANA: z
-      .string()
-      .regex(/^[1-9A-HJ-NP-Za-km-z]{32,44}$/, 'a Solana address')
-      .optional(),
-    X402_SOLANA_FEE_PAYER: z
-      .string()
-      .regex(/^[1-9A-HJ-NP-Za-km-z]{32,44}$/, 'a Solana address')
-      .optional(),
-    JSON_BODY_LIMIT_MB: z.coerce.number().int().min(1).max(100).default(35),
-  })
-  .transform((env) => ({
-    env: env.NODE_ENV,
-    port: env.PORT,
-    host: env.HOST,
-    publicOrigin: (env.PUBLIC_ORIGIN ?? `http://${env.HOST}:${env.PORT}`).replace(/\/+$/, ''),
-    databaseUrl: env.DATABASE_URL,
-    serviceConfigPath: env.SERVICE_CONFIG,
-    adminApiKey: env.ADMIN_API_KEY,
-    bootstrapBalanceUsd: env.BOOTSTRAP_BALANCE_USD,
-    validateResponses: env.VALIDATE_RESPONSES ?? env.NODE_ENV !== 'production',
-    logLevel: env.LOG_LEVEL,
-    corsOrigins: env.CORS_ORIGINS.split(',')
-      .map((o) => o.trim())
-      .filter(Boolean),
-    shutdownGraceMs: env.SHUTDOWN_GRACE_MS,
-    hostName: env.SERVICE_HOST_NAME,
-    colo: env.SERVICE_COLO,
-    reservationTtlMs: env.RESERVATION_TTL_MS,
-    jsonBodyLimitBytes: env.JSON_BODY_LIMIT_MB * 1024 * 1024,
-    x402: {
-      payToBase: env.X402_PAY_TO_BASE,
-      payToSolana: env.X402_PAY_TO_SOLANA,
-      solanaFeePayer: env.X402_SOLANA_FEE_PAYER,
-    },
-  }));
+const variables = z.object({
+  NODE_ENV: z.enum(['development', 'test', 'production']).default('development'),
+  PORT: port.default(3000),
+  HOST: z.string().min(1).default('127.0.0.1'),
+  PUBLIC_ORIGIN: z.url().optional(),
+  DATABASE_URL: z
+    .string()
+    .regex(/^(sqlite:|postgres:\/\/|postgresql:\/\/)/, 'sqlite:<path>, sqlite::memory: or postgres://…')
+    .default('sqlite:./data/service.db'),
+  SERVICE_CONFIG: z.string().min(1).optional(),
+  ADMIN_API_KEY: z.string().min(20, 'at least 20 characters').optional(),
+  BOOTSTRAP_BALANCE_USD: usd.default('10'),
+  VALIDATE_RESPONSES: bool.optional(),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  CORS_ORIGINS: z.string().default('*'),
+  SHUTDOWN_GRACE_MS: z.coerce.number().int().min(0).max(600_000).default(10_000),
+  SERVICE_HOST_NAME: z.string().min(1).default(hostname()),
+  SERVICE_COLO: z
+    .string()
+    .regex(/^[A-Z]{3}$/, 'three upper-case letters')
+    .default('LOC'),
+  RESERVATION_TTL_MS: z.coerce.number().int().min(1_000).max(86_400_000).default(900_000),
+  X402_PAY_TO_BASE: z
+    .string()
+    .regex(/^0x[0-9a-fA-F]{40}$/, 'an EVM address')
+    .optional(),
+  X402_PAY_TO_SOLANA: z
+    .string()
+    .regex(/^[1-9A-HJ-NP-Za-km-z]{32,44}$/, 'a Solana address')
+    .optional(),
+  X402_SOLANA_FEE_PAYER: z
+    .string()
+    .regex(/^[1-9A-HJ-NP-Za-km-z]{32,44}$/, 'a Solana address')
+    .optional(),
+  JSON_BODY_LIMIT_MB: z.coerce.number().int().min(1).max(100).default(35),
+});
+
+/** Every environment variable the server reads (the README and .env.example document each). */
+export const CONFIG_VARIABLES = Object.keys(variables.shape);
+
+const schema = variables.transform((env) => ({
+  env: env.NODE_ENV,
+  port: env.PORT,
+  host: env.HOST,
+  publicOrigin: (env.PUBLIC_ORIGIN ?? `http://${env.HOST}:${env.PORT}`).replace(/\/+$/, ''),
+  databaseUrl: env.DATABASE_URL,
+  serviceConfigPath: env.SERVICE_CONFIG,
+  adminApiKey: env.ADMIN_API_KEY,
+  bootstrapBalanceUsd: env.BOOTSTRAP_BALANCE_USD,
+  validateResponses: env.VALIDATE_RESPONSES ?? env.NODE_ENV !== 'production',
+  logLevel: env.LOG_LEVEL,
+  corsOrigins: env.CORS_ORIGINS.split(',')
+    .map((o) => o.trim())
+    .filter(Boolean),
+  shutdownGraceMs: env.SHUTDOWN_GRACE_MS,
+  hostName: env.SERVICE_HOST_NAME,
+  colo: env.SERVICE_COLO,
+  reservationTtlMs: env.RESERVATION_TTL_MS,
+  jsonBodyLimitBytes: env.JSON_BODY_LIMIT_MB * 1024 * 1024,
+  x402: {
+    payToBase: env.X402_PAY_TO_BASE,
+    payToSolana: env.X402_PAY_TO_SOLANA,
+    solanaFeePayer: env.X402_SOLANA_FEE_PAYER,
+  },
+}));
 
 export type Config = z.output<typeof schema>;
 

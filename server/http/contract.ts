@@ -54,7 +54,10 @@ export type Reply<K extends OperationId> = JsonReply<K> | RawReply | StreamReply
 
 export type HandlerContext<K extends OperationId> = {
   operationId: K;
+  /** Validated query parameters, with the spec's defaults filled in. */
   query: QueryOf<K>;
+  /** Names of the query parameters the client actually sent. */
+  sentQuery: ReadonlySet<string>;
   path: PathOf<K>;
   body: BodyOf<K>;
   headers: IncomingHttpHeaders;

@@ -1,0 +1,146 @@
+/**
+ * Rate limits per caller (API key, or wallet account) and model, from the catalogue's tier limits: requests
+ * per minute and per day, and tokens per minute. Counters live in the shared database, so the limits hold in
+ * total across server instances. Every refusal is a 429 `{error}` and an entry of the rate-limit log.
+ */
+import type { CatalogService } from '../../catalog/service.ts';
+import type { Principal } from '../../http/auth.ts';
+import type { ReplyHeaders } from '../../http/contract.ts';
+import { ApiError } from '../../http/errors.ts';
+import type { RateLimitsRepository, RateLimitType } from '../../storage/rate-limits.ts';
+
+const MINUTE = 60_000;
+const DAY = 86_400_000;
+
+export type RateLimiterDeps = {
+  rateLimits: RateLimitsRepository;
+  catalog: CatalogService;
+  /** Requests per minute for operations without a model (key management, billing, listings). */
+  managementRequestsPerMinute?: number;
+  now?: () => number;
+};
+
+export type Admission = { headers: ReplyHeaders };
+
+const subjectOf = (p: Principal) => (p.kind === 'apiKey' ? `key:${p.keyId}` : `wallet:${p.accountId}`);
+const typeOf = (p: Principal) => (p.kind === 'apiKey' ? 'api_key' : 'user');
+
+export type RateLimiter = ReturnType<typeof createRateLimiter>;
+
+export function createRateLimiter(deps: RateLimiterDeps) {
+  const now = deps.now ?? Date.now;
+
+  async function refuse(
+    principal: Principal,
+    modelId: string | null,
+    tier: string,
+    type: RateLimitType,
+    resetAtMs: number,
+  ) {
+    await deps.rateLimits.logEvent({
+      accountId: principal.accountId,
+      apiKeyId: principal.kind === 'apiKey' ? principal.keyId : null,
+      modelId,
+      tier,
+      limitType: type,
+    });
+    const retryAfter = Math.max(1, Math.ceil((resetAtMs - now()) / 1000));
+    return new ApiError(
+      429,
+      `Rate limit exceeded (${type}${modelId ? ` for ${modelId}` : ''}); retry in ${retryAfter} s`,
+      {
+        code: 'RATE_LIMIT_EXCEEDED',
+        headers: { 'Retry-After': String(retryAfter), 'x-ratelimit-type': typeOf(principal) },
+      },
+    );
+  }
+
+  return {
+    /**
+     * Counts this request for the caller: per model when the request names a catalogue model, otherwise in
+     * the caller's management window. Throws 429 when a limit is reached; returns the `x-ratelimit-*` headers.
+     */
+    async admit(principal: Principal, tier: string, requestedModel: string | undefined): Promise<Admission> {
+      const at = now();
+      const subject = subjectOf(principal);
+      const model = requestedModel ? deps.catalog.resolveModel(requestedModel)?.model : undefined;
+      const limits = model?.rateLimits[tier];
+      if (!model || !limits) {
+        const limit = deps.managementRequestsPerMinute ?? 600;
+        const hit = await deps.rateLimits.hit({
+          bucket: `${subject}:manage:RPM`,
+          windowMs: MINUTE,
+          limit,
+          now: at,
+        });
+        if (!hit.allowed) throw await refuse(principal, null, tier, 'RPM', hit.resetAtMs);
+        return {
+          headers: {
+            'x-ratelimit-limit-requests': hit.limit,
+            'x-ratelimit-remaining-requests': hit.remaining,
+            'x-ratelimit-reset-requests': Math.ceil(hit.resetAtMs / 1000),
+            'x-ratelimit-type': typeOf(principal),
+          },
+        };
+      }
+      const base = `${subject}:model:${model.id}`;
+      if (limits.tokensPerMinute) {
+        const tokens = await deps.rateLimits.peek({
+          bucket: `${base}:TPM`,
+          windowMs: MINUTE,
+          limit: limits.tokensPerMinute,
+          now: at,
+        });
+        if (tokens.remaining <= 0) throw await refuse(principal, model.id, tier, 'TPM', tokens.resetAtMs);
+      }
+      if (limits.requestsPerDay) {
+        const day = await deps.rateLimits.hit({
+          bucket: `${base}:RPD`,
+          windowMs: DAY,
+          limit: limits.requestsPerDay,
+          now: at,
+        });
+        if (!day.allowed) throw await refuse(principal, model.id, tier, 'RPD', day.resetAtMs);
+      }
+      const minute = await deps.rateLimits.hit({
+        bucket: `${base}:RPM`,
+        windowMs: MINUTE,
+        limit: limits.requestsPerMinute,
+        now: at,
+      });
+      if (!minute.allowed) throw await refuse(principal, model.id, tier, 'RPM', minute.resetAtMs);
+      const headers: ReplyHeaders = {
+        'x-ratelimit-limit-requests': minute.limit,
+        'x-ratelimit-remaining-requests': minute.remaining,
+        'x-ratelimit-reset-requests': Math.ceil(minute.resetAtMs / 1000),
+        'x-ratelimit-type': typeOf(principal),
+      };
+      if (limits.tokensPerMinute) {
+        const tokens = await deps.rateLimits.peek({
+          bucket: `${base}:TPM`,
+          windowMs: MINUTE,
+          limit: limits.tokensPerMinute,
+          now: at,
+        });
+        headers['x-ratelimit-limit-tokens'] = tokens.limit;
+        headers['x-ratelimit-remaining-tokens'] = tokens.remaining;
+        headers['x-ratelimit-reset-tokens'] = Math.max(0, Math.ceil((tokens.resetAtMs - at) / 1000));
+      }
+      return { headers };
+    },
+
+    /** Adds the tokens a finished request used to the caller's tokens-per-minute window for the model. */
+    async consumeTokens(principal: Principal, tier: string, modelId: string, tokens: number): Promise<void> {
+      const limit = deps.catalog.getModel(modelId)?.rateLimits[tier]?.tokensPerMinute;
+      if (!limit || tokens <= 0) return;
+      // Counted even past the limit: the work is done; the next request is the one refused.
+      await deps.rateLimits.hit({
+        bucket: `${subjectOf(principal)}:model:${modelId}:TPM`,
+        windowMs: MINUTE,
+        limit: Number.MAX_SAFE_INTEGER,
+        cost: tokens,
+        now: now(),
+      });
+    },
+  };
+}

@@ -1,0 +1,118 @@
+/**
+ * The server's only impure entry: read the environment, build the services, bootstrap, listen, prove the
+ * contract loaded with a smoke request, and drain gracefully on SIGTERM/SIGINT.
+ */
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { pino } from 'pino';
+import { createApp } from './app.ts';
+import { bootstrap } from './bootstrap.ts';
+import { type Config, ConfigError, loadConfig } from './config.ts';
+import { createServices } from './services.ts';
+
+/** Paths pino never writes: credentials in headers and secrets in objects. */
+export const REDACT = [
+  'req.headers.authorization',
+  'req.headers["sign-in-with-x"]',
+  'req.headers["x-sign-in-with-x"]',
+  'req.headers["payment-signature"]',
+  'req.headers["x-payment"]',
+  'headers.authorization',
+  '*.secret',
+  '*.apiKey',
+  '*.adminApiKey',
+  '*.password',
+];
+
+let config: Config;
+try {
+  config = loadConfig(process.env);
+} catch (error) {
+  if (error instanceof ConfigError) {
+    console.error(error.message);
+    process.exit(2);
+  }
+  throw error;
+}
+
+const logger = pino({ level: config.logLevel, redact: { paths: REDACT, censor: '[redacted]' } });
+const services = await createServices(config, logger).catch((error: unknown) => {
+  logger.fatal({ err: error }, 'start-up failed');
+  process.exit(1);
+});
+
+const boot = await bootstrap(services, {
+  adminApiKey: config.adminApiKey,
+  bootstrapBalanceUsd: config.bootstrapBalanceUsd,
+}).catch(async (error: unknown) => {
+  logger.fatal({ err: error }, 'bootstrap failed');
+  await services.close();
+  process.exit(1);
+});
+if (boot.action === 'generated-key') {
+  // Printed once, to the terminal only: the logger never sees the secret.
+  process.stdout.write(
+    `\nFirst start: an ADMIN API key was created for account ${boot.accountId}. It is shown only this once:\n\n` +
+      `  ADMIN_API_KEY=${boot.secret}\n\n` +
+      `The account was credited ${config.bootstrapBalanceUsd} USD. Keep the key; set ADMIN_API_KEY to reuse it.\n\n`,
+  );
+}
+
+const app = createApp(services.app);
+const server: Server = createServer(app);
+server.listen(config.port, config.host);
+await new Promise<void>((resolve, reject) => {
+  server.once('listening', resolve);
+  server.once('error', reject);
+}).catch(async (error: unknown) => {
+  logger.fatal({ err: error }, 'cannot listen');
+  await services.close();
+  process.exit(1);
+});
+const { port } = server.address() as AddressInfo;
+const localHost = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
+const base = `http://${localHost.includes(':') ? `[${localHost}]` : localHost}:${port}`;
+
+// express-openapi-validator loads the spec lazily and would fail every request if it could not: prove it now.
+const smoke = await fetch(`${base}/api/v1/models`).catch((error: unknown) => error);
+if (!(smoke instanceof Response) || smoke.status !== 200) {
+  logger.fatal({ status: smoke instanceof Response ? smoke.status : String(smoke) }, 'smoke request failed');
+  server.close();
+  await services.close();
+  process.exit(1);
+}
+logger.info(
+  { url: `${base}/api/v1`, docs: `${base}/docs`, database: services.database.dialect },
+  'listening',
+);
+
+// Crash recovery: reservations of requests that never finished are released when they expire.
+const sweep = setInterval(() => {
+  services.ledger
+    .expireReservations()
+    .then((n) => (n > 0 ? logger.info({ released: n }, 'expired reservations released') : undefined))
+    .catch((error: unknown) => logger.error({ err: error }, 'reservation sweep failed'));
+}, 60_000);
+sweep.unref();
+
+let stopping = false;
+async function shutdown(signal: string) {
+  if (stopping) return;
+  stopping = true;
+  logger.info({ signal }, 'draining');
+  clearInterval(sweep);
+  const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+  server.closeIdleConnections();
+  const timer = setTimeout(() => {
+    logger.warn('grace period over: closing remaining connections');
+    server.closeAllConnections();
+  }, config.shutdownGraceMs);
+  timer.unref();
+  await closed;
+  clearTimeout(timer);
+  await services.close();
+  logger.info('stopped');
+  process.exit(0);
+}
+process.on('SIGTERM', () => void shutdown('SIGTERM'));
+process.on('SIGINT', () => void shutdown('SIGINT'));

@@ -1,0 +1,161 @@
+/**
+ * The composition root: from the parsed configuration to everything `createApp` needs. The only place that
+ * knows which implementation serves which port.
+ */
+import type { Logger } from 'pino';
+import type { AppDeps } from './app.ts';
+import { loadCatalog } from './catalog/load.ts';
+import { type CatalogService, createCatalogService } from './catalog/service.ts';
+import type { Config } from './config.ts';
+import { createBillingHandlers } from './domains/billing/handlers.ts';
+import { createCatalogHandlers } from './domains/catalog/handlers.ts';
+import { createKeyHandlers } from './domains/keys/handlers.ts';
+import { createRateLimiter } from './domains/limits/rate-limiter.ts';
+import { discoveryPaymentRequired } from './domains/wallet/discovery.ts';
+import { createHandlers } from './handlers.ts';
+import type { AuthPorts, Principal } from './http/auth.ts';
+import type { ReplyHeaders } from './http/contract.ts';
+import { loadContract } from './http/spec.ts';
+import { formatUsdFixed, nanoToUsdNumber } from './money.ts';
+import { createMetrics } from './observability/metrics.ts';
+import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
+import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
+import { createDatabase, type Database } from './storage/database.ts';
+import { createLedger, type LedgerRepository } from './storage/ledger.ts';
+import { migrate } from './storage/migrations.ts';
+import { createRateLimits, type RateLimitsRepository } from './storage/rate-limits.ts';
+
+export type Services = {
+  config: Config;
+  database: Database;
+  catalog: CatalogService;
+  accounts: AccountsRepository;
+  keys: ApiKeysRepository;
+  ledger: LedgerRepository;
+  rateLimits: RateLimitsRepository;
+  app: AppDeps;
+  close(): Promise<void>;
+};
+
+export async function createServices(config: Config, logger: Logger): Promise<Services> {
+  const contract = loadContract();
+  const catalog = createCatalogService(
+    loadCatalog(config.serviceConfigPath ? { overridePath: config.serviceConfigPath } : {}),
+    { publicBaseUrl: config.publicOrigin },
+  );
+  const database = await createDatabase(config.databaseUrl);
+  try {
+    await migrate(database);
+  } catch (error) {
+    await database.close();
+    throw error;
+  }
+  const accounts = createAccounts(database);
+  const keys = createApiKeys(database);
+  const ledger = createLedger(database);
+  const rateLimits = createRateLimits(database);
+  const metrics = createMetrics();
+  const tierOf = async (accountId: string) => ((await accounts.get(accountId)).pro ? 'partner' : 'paid');
+  const limiter = createRateLimiter({ rateLimits, catalog });
+
+  const auth: AuthPorts = {
+    async authenticateApiKey(secret) {
+      const result = await keys.authenticate(secret);
+      if (!result.ok) return undefined;
+      keys
+        .touchLastUsed(result.key.id)
+        .catch((error: unknown) => logger.warn({ err: error }, 'last-used update failed'));
+      return {
+        kind: 'apiKey',
+        accountId: result.key.accountId,
+        keyId: result.key.id,
+        keyType: result.key.keyType,
+      };
+    },
+    paymentRequired: (req, op) =>
+      discoveryPaymentRequired(
+        { publicOrigin: config.publicOrigin, ...config.x402 },
+        { path: req.originalUrl.split('?')[0] ?? '', description: op.summary },
+      ),
+  };
+
+  const handlers = createHandlers({
+    ...createCatalogHandlers(catalog),
+    ...createKeyHandlers({
+      keys,
+      ledger,
+      rateLimits,
+      tierOf,
+      rateLimitsFor: (tier) => catalog.rateLimits(tier) ?? [],
+    }),
+    ...createBillingHandlers({ ledger, keys, modelType: (id) => catalog.getModel(id)?.type }),
+  });
+
+  metrics.addGauge({
+    name: 'ledger_usd',
+    help: 'Ledger totals in USD: balances, open reservations, and the sum of entries by type and currency.',
+    read: async () => {
+      const totals = await ledger.totals();
+      const usd = (nano: bigint) => nanoToUsdNumber(nano);
+      return {
+        'kind="balance"': usd(totals.usdBalanceNano),
+        'kind="reserved"': usd(totals.usdReservedNano),
+        ...Object.fromEntries(
+          totals.entries.map((e) => [
+            `kind="entries",type="${e.type}",currency="${e.currency}"`,
+            usd(e.amountNano),
+          ]),
+        ),
+      };
+    },
+  });
+
+  const inferenceOperations = new Set(
+    contract.operations.filter((op) => op.declaresPaymentRequired).map((op) => op.operationId),
+  );
+
+  /** Headers every inference response carries: the balance before the request, and deprecation notices. */
+  async function inferenceHeaders(principal: Principal, model: string | undefined): Promise<ReplyHeaders> {
+    const balance = await ledger.getBalance(principal.accountId);
+    const headers: ReplyHeaders = {
+      'x-service-balance-usd': formatUsdFixed(balance.usdNano, 8),
+      'x-service-balance-diem': formatUsdFixed(balance.diemAllowanceNano - balance.diemUsedTodayNano, 8),
+    };
+    const resolved = model ? catalog.resolveModel(model) : undefined;
+    if (resolved) Object.assign(headers, catalog.deprecationHeaders(resolved.remappedFrom ?? resolved.model));
+    return headers;
+  }
+
+  const app: AppDeps = {
+    config,
+    contract,
+    logger,
+    auth,
+    handlers,
+    metrics,
+    readiness: () => database.ping(),
+    async admit({ operationId, principal, body }) {
+      const requested = (body as { model?: unknown } | undefined)?.model;
+      const model = typeof requested === 'string' ? requested : undefined;
+      const inference = inferenceOperations.has(operationId);
+      // The JSON-RPC proxy has its own per-minute and credit caps.
+      const limits =
+        operationId === 'callCryptoRpc'
+          ? {}
+          : (await limiter.admit(principal, await tierOf(principal.accountId), model)).headers;
+      return inference ? { ...limits, ...(await inferenceHeaders(principal, model)) } : limits;
+    },
+  };
+
+  return {
+    config,
+    database,
+    catalog,
+    accounts,
+    keys,
+    ledger,
+    rateLimits,
+    app,
+    close: () => database.close(),
+  };
+}

@@ -1,0 +1,172 @@
+/**
+ * Opens the database a `DATABASE_URL` names, behind one Kysely query path:
+ * - `sqlite:./data/service.db`, `sqlite:/abs/path.db` or `sqlite::memory:`: better-sqlite3 (the embedded default);
+ * - `postgres://…` or `postgresql://…`: a `pg` Pool, for many server processes sharing one database.
+ *
+ * Both engines return money (BIGINT) as JS `bigint`: better-sqlite3 with safe integers, `pg` with a BigInt
+ * parser for INT8 on this pool's own type table (the global `pg.types` stays untouched).
+ */
+import { mkdirSync } from 'node:fs';
+import { dirname, resolve } from 'node:path';
+import SqliteDatabase from 'better-sqlite3';
+import {
+  CompiledQuery,
+  type DatabaseConnection,
+  type Driver,
+  Kysely,
+  PostgresDialect,
+  SqliteDialect,
+  type SqliteDialectConfig,
+  SqliteDriver,
+  sql,
+} from 'kysely';
+import pg from 'pg';
+import { StorageConfigError, StorageError } from './errors.ts';
+import type { Tables } from './schema.ts';
+
+export type Dialect = 'sqlite' | 'postgres';
+
+/** An open database: the Kysely instance plus what the server needs around it. */
+export type Database = {
+  db: Kysely<Tables>;
+  dialect: Dialect;
+  /** Closes the pool or file; idempotent. */
+  close(): Promise<void>;
+  /** Resolves when the database answers a trivial query (for `/readyz`). */
+  ping(): Promise<void>;
+};
+
+export type CreateDatabaseOptions = {
+  /** PostgreSQL pool size (default 10). */
+  poolMax?: number;
+  /** How long a SQLite writer waits for the file lock before failing (default 5000 ms). */
+  busyTimeoutMs?: number;
+};
+
+export type ParsedDatabaseUrl =
+  | { dialect: 'sqlite'; filename: string; memory: boolean }
+  | { dialect: 'postgres'; connectionString: string };
+
+/** Parses a `DATABASE_URL`; throws StorageConfigError (without echoing credentials) when it is not usable. */
+export function parseDatabaseUrl(url: string): ParsedDatabaseUrl {
+  const trimmed = url.trim();
+  if (trimmed.startsWith('sqlite:')) {
+    let path = trimmed.slice('sqlite:'.length);
+    if (path === ':memory:') return { dialect: 'sqlite', filename: ':memory:', memory: true };
+    if (path === '') throw new StorageConfigError('SQLite URL has no file name');
+    // `sqlite:///abs/file.db` and `sqlite://./rel.db` are accepted as well as `sqlite:./rel.db`.
+    if (path.startsWith('//')) path = path.slice(2);
+    return { dialect: 'sqlite', filename: resolve(path), memory: false };
+  }
+  if (/^postgres(ql)?:\/\//.test(trimmed)) {
+    try {
+      new URL(trimmed);
+    } catch (cause) {
+      throw new StorageConfigError('PostgreSQL URL is malformed', { cause: redactError(cause) });
+    }
+    return { dialect: 'postgres', connectionString: trimmed };
+  }
+  throw new StorageConfigError('DATABASE_URL must start with sqlite: or postgres://');
+}
+
+/** The URL with any password replaced, safe for logs and messages. */
+export function redactDatabaseUrl(url: string): string {
+  try {
+    const parsed = new URL(url);
+    if (parsed.password) parsed.password = '***';
+    return parsed.toString();
+  } catch {
+    return url.replace(/\/\/([^:/@]+):[^@]*@/, '//$1:***@');
+  }
+}
+
+/** A copy of a driver error whose message cannot leak credentials from a connection string; keeps `code`. */
+function redactError(error: unknown): Error {
+  const message = error instanceof Error ? error.message.replace(/\/\/[^@\s]*@/g, '//***@') : 'error';
+  const code = (error as { code?: unknown } | null)?.code;
+  return Object.assign(new Error(message), code === undefined ? {} : { code });
+}
+
+/** Opens (and for SQLite, creates) the database. Run `migrate` afterwards. */
+export async function createDatabase(url: string, options: CreateDatabaseOptions = {}): Promise<Database> {
+  const parsed = parseDatabaseUrl(url);
+  return parsed.dialect === 'sqlite'
+    ? openSqlite(parsed.filename, parsed.memory, options)
+    : openPostgres(parsed.connectionString, options);
+}
+
+function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOptions): Database {
+  if (!memory) mkdirSync(dirname(filename), { recursive: true });
+  let sqlite: SqliteDatabase.Database;
+  try {
+    sqlite = new SqliteDatabase(filename);
+  } catch (cause) {
+    throw new StorageConfigError('Cannot open the SQLite database', { cause });
+  }
+  sqlite.defaultSafeIntegers(true);
+  if (!memory) sqlite.pragma('journal_mode = WAL');
+  sqlite.pragma('foreign_keys = ON');
+  sqlite.pragma(`busy_timeout = ${Math.max(0, Math.trunc(options.busyTimeoutMs ?? 5000))}`);
+  sqlite.pragma('synchronous = NORMAL');
+  const db = new Kysely<Tables>({ dialect: new ImmediateSqliteDialect({ database: sqlite }) });
+  return wrap(db, 'sqlite');
+}
+
+function openPostgres(connectionString: string, options: CreateDatabaseOptions): Database {
+  const pool = new pg.Pool({
+    connectionString,
+    max: options.poolMax ?? 10,
+    types: {
+      getTypeParser: ((oid: number, format?: 'text' | 'binary') =>
+        oid === pg.types.builtins.INT8 && format !== 'binary'
+          ? (value: string) => BigInt(value)
+          : pg.types.getTypeParser(oid, format)) as typeof pg.types.getTypeParser,
+    },
+  });
+  // An idle client losing its connection must not crash the process; the next query reports the failure.
+  pool.on('error', () => {});
+  const db = new Kysely<Tables>({ dialect: new PostgresDialect({ pool }) });
+  return wrap(db, 'postgres');
+}
+
+function wrap(db: Kysely<Tables>, dialect: Dialect): Database {
+  let closing: Promise<void> | undefined;
+  return {
+    db,
+    dialect,
+    close() {
+      closing ??= db.destroy();
+      return closing;
+    },
+    async ping() {
+      try {
+        await sql`select 1`.execute(db);
+      } catch (cause) {
+        throw new StorageError('STORAGE_FAILURE', 'Database unreachable', { cause: redactError(cause) });
+      }
+    },
+  };
+}
+
+/**
+ * SQLite write transactions start with BEGIN IMMEDIATE: the write lock is taken up front, so a transaction
+ * that reads a balance and then writes it cannot interleave with another connection's (another process's)
+ * writer, and never hits the deferred-upgrade SQLITE_BUSY deadlock. In one process the Kysely driver already
+ * serialises everything on its single connection.
+ */
+class ImmediateSqliteDriver extends SqliteDriver {
+  override async beginTransaction(connection: DatabaseConnection): Promise<void> {
+    await connection.executeQuery(CompiledQuery.raw('begin immediate'));
+  }
+}
+
+class ImmediateSqliteDialect extends SqliteDialect {
+  readonly #config: SqliteDialectConfig;
+  constructor(config: SqliteDialectConfig) {
+    super(config);
+    this.#config = config;
+  }
+  override createDriver(): Driver {
+    return new ImmediateSqliteDriver(this.#config);
+  }
+}

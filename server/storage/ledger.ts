@@ -1,0 +1,989 @@
+/**
+ * The ledger: balances, reservations and the append-only list of entries (`TOP_UP`, `CHARGE`, `REFUND`).
+ *
+ * A request reserves its worst-case cost before work starts, then captures its real cost (never more than
+ * reserved) and the remainder is released. Spending draws on the day's DIEM allowance first, then on USD.
+ *
+ * Exactness: every operation that moves money runs in one transaction that first locks the account row
+ * (PostgreSQL: `SELECT … FOR UPDATE`; SQLite: the transaction starts with BEGIN IMMEDIATE, which takes the
+ * database write lock). All reads that decide an amount happen after that lock, and every writer takes it, so
+ * concurrent requests on any number of processes serialise per account. Uniqueness that must hold even
+ * without the lock (a payment credited once, a request refunded once) is also a unique index.
+ *
+ * Invariants: `usd_balance_nano` equals the sum of the account's USD entries; `usd_reserved_nano` equals the
+ * sum of its held reservations' USD parts and never exceeds the balance; nothing overspends.
+ */
+import type { Insertable, Kysely, Selectable, Transaction } from 'kysely';
+import { sql } from 'kysely';
+import type { Database } from './database.ts';
+import {
+  type Currency,
+  InsufficientBalanceError,
+  InvalidInputError,
+  KeySpendLimitError,
+  NotFoundError,
+  NothingToRefundError,
+  ReservationStateError,
+  type ReservationStatus,
+  StorageError,
+} from './errors.ts';
+import {
+  assertAmount,
+  DAY_MS,
+  epochDayOf,
+  isoDay,
+  isUniqueViolation,
+  maxBig,
+  minBig,
+  periodStartMs,
+  type RepositoryOptions,
+  resolveOptions,
+  toBigInt,
+  toNumber,
+  toNumberOrNull,
+} from './internal.ts';
+import type { LedgerEntriesTable, ReservationsTable, Tables } from './schema.ts';
+
+export type { Currency, ReservationStatus } from './errors.ts';
+export type EntryType = 'TOP_UP' | 'CHARGE' | 'REFUND';
+
+export type Balance = {
+  /** USD credit, reservations included. */
+  usdNano: bigint;
+  /** USD held by open reservations. */
+  usdReservedNano: bigint;
+  /** Today's DIEM allowance (the stake). */
+  diemAllowanceNano: bigint;
+  diemUsedTodayNano: bigint;
+  diemReservedTodayNano: bigint;
+  /** What a new reservation could still draw from today's allowance. */
+  diemAvailableNano: bigint;
+  /** What a new reservation could still draw from USD credit. */
+  usdAvailableNano: bigint;
+};
+
+export type Reservation = {
+  id: string;
+  accountId: string;
+  apiKeyId: string | null;
+  requestId: string;
+  modelId: string | null;
+  usdNano: bigint;
+  diemNano: bigint;
+  /** The UTC day whose DIEM allowance the DIEM part is drawn from. */
+  epochDay: number;
+  status: ReservationStatus;
+  createdAtMs: number;
+  expiresAtMs: number;
+  settledAtMs: number | null;
+};
+
+export type LedgerEntry = {
+  /** Position in the ledger (strictly increasing); the cursor for billing exports. */
+  seq: number;
+  id: string;
+  accountId: string;
+  apiKeyId: string | null;
+  reservationId: string | null;
+  type: EntryType;
+  currency: Currency;
+  /** Signed: negative for a CHARGE, positive for a TOP_UP or REFUND. */
+  amountNano: bigint;
+  /** USD entries: the USD balance after this entry. DIEM entries: the allowance left that day after it. */
+  balanceAfterNano: bigint;
+  requestId: string | null;
+  modelId: string | null;
+  sku: string | null;
+  /** Decimal text (units can be fractional, e.g. millions of tokens). */
+  units: string | null;
+  /** Decimal text in nano-USD per unit. */
+  unitPriceNano: string | null;
+  details: unknown;
+  network: string | null;
+  txHash: string | null;
+  createdAtMs: number;
+};
+
+export type TopUpInput = {
+  accountId: string;
+  amountNano: bigint;
+  requestId?: string | null;
+  /** With `txHash`: the payment's chain. An entry is credited once per (network, txHash). */
+  network?: string | null;
+  txHash?: string | null;
+  note?: string | null;
+};
+export type TopUpResult = { entry: LedgerEntry; credited: boolean };
+
+export type ReserveInput = {
+  accountId: string;
+  apiKeyId?: string | null;
+  amountNano: bigint;
+  requestId: string;
+  modelId?: string | null;
+  ttlMs: number;
+};
+export type ReserveResult = { reservation: Reservation };
+
+export type CaptureItem = {
+  sku: string;
+  amountNano: bigint;
+  units?: string | number | null;
+  unitPriceNano?: string | number | bigint | null;
+  modelId?: string | null;
+  details?: unknown;
+};
+export type CaptureInput = { items: CaptureItem[] };
+export type CaptureResult = {
+  entries: LedgerEntry[];
+  /** What was charged in USD and DIEM (positive). */
+  usdNano: bigint;
+  diemNano: bigint;
+  /** What the items asked for; more than charged when `clamped`. */
+  requestedNano: bigint;
+  /** True when the items cost more than was reserved and the charge was capped at the reservation. */
+  clamped: boolean;
+};
+
+export type ReleaseResult = { released: boolean; reservation: Reservation };
+export type RefundInput = { accountId: string; requestId: string };
+export type RefundResult = { entries: LedgerEntry[]; refunded: boolean };
+
+export type ListEntriesInput = { limit?: number; offset?: number };
+export type ListEntriesSinceInput = {
+  /** Only entries with a larger seq (exclusive cursor). */
+  afterSeq?: number;
+  /** Inclusive lower bound on `createdAtMs`. */
+  startMs?: number;
+  /** Exclusive upper bound on `createdAtMs`. */
+  endMs?: number;
+  currency?: Currency;
+  types?: EntryType[];
+  limit?: number;
+};
+
+export type UsageAmounts = { usdNano: bigint; diemNano: bigint; requests: number };
+export type UsageSummary = {
+  totals: UsageAmounts;
+  /** Oldest first; only days with charges. */
+  byDay: Array<UsageAmounts & { day: string }>;
+  /** Highest spend first (USD + DIEM). */
+  byModel: Array<UsageAmounts & { modelId: string | null }>;
+  bySku: Array<UsageAmounts & { sku: string | null }>;
+  byKey: Array<UsageAmounts & { apiKeyId: string | null }>;
+};
+
+export type KeySpend = { usdNano: bigint; diemNano: bigint };
+export type LedgerTotals = {
+  usdBalanceNano: bigint;
+  usdReservedNano: bigint;
+  entries: Array<{ type: EntryType; currency: Currency; amountNano: bigint }>;
+};
+
+export type LedgerRepository = ReturnType<typeof createLedger>;
+
+type Executor = Kysely<Tables> | Transaction<Tables>;
+type NewEntry = Required<Insertable<LedgerEntriesTable>>;
+
+export function toReservation(row: Selectable<ReservationsTable>): Reservation {
+  return {
+    id: row.id,
+    accountId: row.account_id,
+    apiKeyId: row.api_key_id,
+    requestId: row.request_id,
+    modelId: row.model_id,
+    usdNano: row.usd_nano,
+    diemNano: row.diem_nano,
+    epochDay: toNumber(row.epoch_day),
+    status: row.status,
+    createdAtMs: toNumber(row.created_at_ms),
+    expiresAtMs: toNumber(row.expires_at_ms),
+    settledAtMs: toNumberOrNull(row.settled_at_ms),
+  };
+}
+
+export function toLedgerEntry(row: Selectable<LedgerEntriesTable>): LedgerEntry {
+  return {
+    seq: toNumber(row.seq),
+    id: row.id,
+    accountId: row.account_id,
+    apiKeyId: row.api_key_id,
+    reservationId: row.reservation_id,
+    type: row.type,
+    currency: row.currency,
+    amountNano: row.amount_nano,
+    balanceAfterNano: row.balance_after_nano,
+    requestId: row.request_id,
+    modelId: row.model_id,
+    sku: row.sku,
+    units: row.units,
+    unitPriceNano: row.unit_price_nano,
+    details: row.details === null ? null : JSON.parse(row.details),
+    network: row.network,
+    txHash: row.tx_hash,
+    createdAtMs: toNumber(row.created_at_ms),
+  };
+}
+
+function decimalText(field: string, value: string | number | bigint | null | undefined): string | null {
+  if (value === null || value === undefined) return null;
+  const text = typeof value === 'string' ? value.trim() : String(value);
+  if (!/^-?\d+(\.\d+)?([eE][-+]?\d+)?$/.test(text)) {
+    throw new InvalidInputError(field, `${field} is not a number`);
+  }
+  return text;
+}
+
+function checkLimit(limit: number, max: number): number {
+  if (!Number.isSafeInteger(limit) || limit < 1 || limit > max) {
+    throw new InvalidInputError('limit', `limit must be an integer from 1 to ${max}`);
+  }
+  return limit;
+}
+
+/** The ledger repository. */
+export function createLedger(database: Database, options: RepositoryOptions = {}) {
+  const { db, dialect } = database;
+  const { now, randomId } = resolveOptions(options);
+
+  /** Reads the account row, locking it for the rest of the transaction (see the module comment). */
+  async function lockAccount(trx: Transaction<Tables>, accountId: string) {
+    let query = trx.selectFrom('accounts').selectAll().where('id', '=', accountId);
+    if (dialect === 'postgres') query = query.forUpdate();
+    const row = await query.executeTakeFirst();
+    if (!row) throw new NotFoundError('account', accountId);
+    return row;
+  }
+
+  async function diemUsage(q: Executor, accountId: string, epochDay: number) {
+    const row = await q
+      .selectFrom('diem_usage')
+      .select(['used_nano', 'reserved_nano'])
+      .where('account_id', '=', accountId)
+      .where('epoch_day', '=', epochDay)
+      .executeTakeFirst();
+    return { usedNano: row?.used_nano ?? 0n, reservedNano: row?.reserved_nano ?? 0n };
+  }
+
+  /** Adds to a day's DIEM counters, creating the row on first use (an atomic upsert). */
+  async function bumpDiem(
+    trx: Transaction<Tables>,
+    accountId: string,
+    epochDay: number,
+    delta: { usedNano?: bigint; reservedNano?: bigint },
+  ): Promise<void> {
+    const used = delta.usedNano ?? 0n;
+    const reserved = delta.reservedNano ?? 0n;
+    if (used === 0n && reserved === 0n) return;
+    await trx
+      .insertInto('diem_usage')
+      .values({
+        account_id: accountId,
+        epoch_day: epochDay,
+        used_nano: maxBig(used, 0n),
+        reserved_nano: maxBig(reserved, 0n),
+      })
+      .onConflict((oc) =>
+        oc.columns(['account_id', 'epoch_day']).doUpdateSet((eb) => ({
+          used_nano: eb('diem_usage.used_nano', '+', used),
+          reserved_nano: eb('diem_usage.reserved_nano', '+', reserved),
+        })),
+      )
+      .execute();
+  }
+
+  function balanceOf(
+    account: { usd_balance_nano: bigint; usd_reserved_nano: bigint; diem_stake_nano: bigint },
+    usage: { usedNano: bigint; reservedNano: bigint },
+  ): Balance {
+    return {
+      usdNano: account.usd_balance_nano,
+      usdReservedNano: account.usd_reserved_nano,
+      diemAllowanceNano: account.diem_stake_nano,
+      diemUsedTodayNano: usage.usedNano,
+      diemReservedTodayNano: usage.reservedNano,
+      diemAvailableNano: maxBig(0n, account.diem_stake_nano - usage.usedNano - usage.reservedNano),
+      usdAvailableNano: maxBig(0n, account.usd_balance_nano - account.usd_reserved_nano),
+    };
+  }
+
+  /** Net spend of a key since a time (charges minus refunds), optionally plus its held reservations. */
+  async function keySpendOn(
+    q: Executor,
+    apiKeyId: string,
+    sinceMs: number,
+    includeHeld: boolean,
+  ): Promise<KeySpend> {
+    const rows = await q
+      .selectFrom('ledger_entries')
+      .select((eb) => ['currency', eb.fn.sum<string | bigint | null>('amount_nano').as('total')])
+      .where('api_key_id', '=', apiKeyId)
+      .where('type', 'in', ['CHARGE', 'REFUND'])
+      .where('created_at_ms', '>=', sinceMs)
+      .groupBy('currency')
+      .execute();
+    // A refund of a charge from an earlier period must not raise this period's budget, hence the floor at 0.
+    const spent = (currency: Currency) =>
+      maxBig(0n, -toBigInt(rows.find((r) => r.currency === currency)?.total ?? null));
+    let usdNano = spent('USD');
+    let diemNano = spent('DIEM');
+    if (includeHeld) {
+      // Held reservations count whenever they were made: their capture will be booked now.
+      const held = await q
+        .selectFrom('reservations')
+        .select((eb) => [
+          eb.fn.sum<string | bigint | null>('usd_nano').as('usd'),
+          eb.fn.sum<string | bigint | null>('diem_nano').as('diem'),
+        ])
+        .where('api_key_id', '=', apiKeyId)
+        .where('status', '=', 'held')
+        .executeTakeFirstOrThrow();
+      usdNano += toBigInt(held.usd);
+      diemNano += toBigInt(held.diem);
+    }
+    return { usdNano, diemNano };
+  }
+
+  async function insertEntries(trx: Transaction<Tables>, entries: Array<NewEntry>): Promise<LedgerEntry[]> {
+    if (entries.length === 0) return [];
+    // One statement per entry keeps `seq` in the order the entries were computed on both engines.
+    const written: LedgerEntry[] = [];
+    for (const entry of entries) {
+      const row = await trx
+        .insertInto('ledger_entries')
+        .values(entry)
+        .returningAll()
+        .executeTakeFirstOrThrow();
+      written.push(toLedgerEntry(row));
+    }
+    return written;
+  }
+
+  function entryValues(
+    fields: Partial<NewEntry> &
+      Pick<NewEntry, 'account_id' | 'type' | 'currency' | 'amount_nano' | 'balance_after_nano'>,
+    at: number,
+  ): NewEntry {
+    return {
+      id: randomId(),
+      api_key_id: null,
+      reservation_id: null,
+      request_id: null,
+      model_id: null,
+      sku: null,
+      units: null,
+      unit_price_nano: null,
+      details: null,
+      network: null,
+      tx_hash: null,
+      created_at_ms: at,
+      ...fields,
+    };
+  }
+
+  /** Moves a held reservation to `released` or `expired`; `changed: false` (and no change) if it is not held. */
+  async function settleReservation(
+    trx: Transaction<Tables>,
+    reservationId: string,
+    status: 'released' | 'expired',
+    at: number,
+  ): Promise<{ changed: boolean; row: Selectable<ReservationsTable> }> {
+    const peek = await trx
+      .selectFrom('reservations')
+      .select('account_id')
+      .where('id', '=', reservationId)
+      .executeTakeFirst();
+    if (!peek) throw new NotFoundError('reservation', reservationId);
+    await lockAccount(trx, peek.account_id);
+    const row = await lockedReservation(trx, reservationId);
+    if (row.status !== 'held') return { changed: false, row };
+    await releaseHeld(trx, row);
+    const updated = await trx
+      .updateTable('reservations')
+      .set({ status, settled_at_ms: at })
+      .where('id', '=', reservationId)
+      .where('status', '=', 'held')
+      .returningAll()
+      .executeTakeFirstOrThrow();
+    return { changed: true, row: updated };
+  }
+
+  async function lockedReservation(trx: Transaction<Tables>, reservationId: string) {
+    let query = trx.selectFrom('reservations').selectAll().where('id', '=', reservationId);
+    if (dialect === 'postgres') query = query.forUpdate();
+    const row = await query.executeTakeFirst();
+    if (!row) throw new NotFoundError('reservation', reservationId);
+    return row;
+  }
+
+  /** Gives back the reserved counters of a held reservation (the caller holds the account lock). */
+  async function releaseHeld(trx: Transaction<Tables>, row: Selectable<ReservationsTable>) {
+    if (row.usd_nano > 0n) {
+      await trx
+        .updateTable('accounts')
+        .set((eb) => ({ usd_reserved_nano: eb('usd_reserved_nano', '-', row.usd_nano) }))
+        .where('id', '=', row.account_id)
+        .execute();
+    }
+    await bumpDiem(trx, row.account_id, toNumber(row.epoch_day), { reservedNano: -row.diem_nano });
+  }
+
+  async function refundEntries(q: Executor, input: RefundInput): Promise<LedgerEntry[]> {
+    const rows = await q
+      .selectFrom('ledger_entries')
+      .selectAll()
+      .where('account_id', '=', input.accountId)
+      .where('request_id', '=', input.requestId)
+      .where('type', '=', 'REFUND')
+      .orderBy('seq')
+      .execute();
+    return rows.map(toLedgerEntry);
+  }
+
+  async function refundOnce(input: RefundInput): Promise<RefundResult> {
+    const at = now();
+    return db.transaction().execute(async (trx) => {
+      const account = await lockAccount(trx, input.accountId);
+      const previous = await refundEntries(trx, input);
+      if (previous.length > 0) return { entries: previous, refunded: false };
+      const charges = await trx
+        .selectFrom('ledger_entries')
+        .leftJoin('reservations', 'reservations.id', 'ledger_entries.reservation_id')
+        .selectAll('ledger_entries')
+        .select('reservations.epoch_day as reservation_day')
+        .where('ledger_entries.account_id', '=', input.accountId)
+        .where('ledger_entries.request_id', '=', input.requestId)
+        .where('ledger_entries.type', '=', 'CHARGE')
+        .orderBy('ledger_entries.seq')
+        .execute();
+      const first = charges[0];
+      if (!first) throw new NothingToRefundError(input.requestId);
+      const usd = charges.filter((c) => c.currency === 'USD').reduce((sum, c) => sum - c.amount_nano, 0n);
+      const diemByDay = new Map<number, bigint>();
+      for (const charge of charges) {
+        if (charge.currency !== 'DIEM') continue;
+        const day =
+          charge.reservation_day === null
+            ? epochDayOf(toNumber(charge.created_at_ms))
+            : toNumber(charge.reservation_day);
+        diemByDay.set(day, (diemByDay.get(day) ?? 0n) - charge.amount_nano);
+      }
+      const diem = [...diemByDay.values()].reduce((sum, value) => sum + value, 0n);
+      const common = {
+        account_id: input.accountId,
+        api_key_id: first.api_key_id,
+        reservation_id: first.reservation_id,
+        type: 'REFUND' as const,
+        request_id: input.requestId,
+        model_id: first.model_id,
+      };
+      const values: Array<NewEntry> = [];
+      if (diem > 0n) {
+        for (const [day, amount] of diemByDay) {
+          await bumpDiem(trx, input.accountId, day, { usedNano: -amount });
+        }
+        const today = await diemUsage(trx, input.accountId, epochDayOf(at));
+        const left = maxBig(0n, account.diem_stake_nano - today.usedNano);
+        values.push(
+          entryValues({ ...common, currency: 'DIEM', amount_nano: diem, balance_after_nano: left }, at),
+        );
+      }
+      if (usd > 0n) {
+        values.push(
+          entryValues(
+            {
+              ...common,
+              currency: 'USD',
+              amount_nano: usd,
+              balance_after_nano: account.usd_balance_nano + usd,
+            },
+            at,
+          ),
+        );
+        await trx
+          .updateTable('accounts')
+          .set((eb) => ({ usd_balance_nano: eb('usd_balance_nano', '+', usd) }))
+          .where('id', '=', input.accountId)
+          .execute();
+      }
+      if (values.length === 0) throw new NothingToRefundError(input.requestId);
+      return { entries: await insertEntries(trx, values), refunded: true };
+    });
+  }
+
+  return {
+    /** The account's balances at `at` (today's DIEM figures are for the UTC day of `at`). */
+    async getBalance(accountId: string, at: number = now()): Promise<Balance> {
+      const account = await db
+        .selectFrom('accounts')
+        .select(['usd_balance_nano', 'usd_reserved_nano', 'diem_stake_nano'])
+        .where('id', '=', accountId)
+        .executeTakeFirst();
+      if (!account) throw new NotFoundError('account', accountId);
+      return balanceOf(account, await diemUsage(db, accountId, epochDayOf(at)));
+    },
+
+    /**
+     * Credits USD as one TOP_UP entry. With `network` and `txHash` it is credited at most once per payment,
+     * also under concurrency and across processes: a repeat returns `credited: false` and the first entry.
+     */
+    async topUp(input: TopUpInput): Promise<TopUpResult> {
+      assertAmount('amountNano', input.amountNano);
+      if (input.amountNano === 0n) throw new InvalidInputError('amountNano', 'amountNano must be positive');
+      const network = input.network ?? null;
+      const txHash = input.txHash ?? null;
+      if ((network === null) !== (txHash === null)) {
+        throw new InvalidInputError('txHash', 'network and txHash go together');
+      }
+      const findPayment = async (q: Executor) =>
+        network === null || txHash === null
+          ? undefined
+          : q
+              .selectFrom('ledger_entries')
+              .selectAll()
+              .where('network', '=', network)
+              .where('tx_hash', '=', txHash)
+              .executeTakeFirst();
+      const at = now();
+      try {
+        return await db.transaction().execute(async (trx) => {
+          const account = await lockAccount(trx, input.accountId);
+          const existing = await findPayment(trx);
+          if (existing) return { entry: toLedgerEntry(existing), credited: false };
+          const balanceAfter = account.usd_balance_nano + input.amountNano;
+          const [entry] = await insertEntries(trx, [
+            entryValues(
+              {
+                account_id: input.accountId,
+                type: 'TOP_UP',
+                currency: 'USD',
+                amount_nano: input.amountNano,
+                balance_after_nano: balanceAfter,
+                request_id: input.requestId ?? null,
+                details: input.note ? JSON.stringify({ note: input.note }) : null,
+                network,
+                tx_hash: txHash,
+              },
+              at,
+            ),
+          ]);
+          await trx
+            .updateTable('accounts')
+            .set((eb) => ({ usd_balance_nano: eb('usd_balance_nano', '+', input.amountNano) }))
+            .where('id', '=', input.accountId)
+            .execute();
+          if (!entry) throw new StorageError('STORAGE_FAILURE', 'Top-up entry was not written');
+          return { entry, credited: true };
+        });
+      } catch (error) {
+        // The same payment credited concurrently to another account: the unique index refused this one.
+        if (isUniqueViolation(error)) {
+          const existing = await findPayment(db);
+          if (existing) return { entry: toLedgerEntry(existing), credited: false };
+        }
+        throw error;
+      }
+    },
+
+    /**
+     * Holds the worst-case cost of a request: the DIEM part up to today's free allowance, the rest from free
+     * USD. Throws InsufficientBalanceError when both cannot cover it, KeySpendLimitError when the key's cap for
+     * its period (charges plus held reservations) would be passed, NotFoundError for an unknown account or key.
+     */
+    async reserve(input: ReserveInput): Promise<ReserveResult> {
+      assertAmount('amountNano', input.amountNano);
+      if (!Number.isSafeInteger(input.ttlMs) || input.ttlMs <= 0) {
+        throw new InvalidInputError('ttlMs', 'ttlMs must be a positive integer');
+      }
+      if (!input.requestId) throw new InvalidInputError('requestId', 'requestId is required');
+      const at = now();
+      const epochDay = epochDayOf(at);
+      return db.transaction().execute(async (trx) => {
+        const account = await lockAccount(trx, input.accountId);
+        const balance = balanceOf(account, await diemUsage(trx, input.accountId, epochDay));
+        const diemPart = minBig(input.amountNano, balance.diemAvailableNano);
+        const usdPart = input.amountNano - diemPart;
+        if (usdPart > balance.usdAvailableNano) {
+          throw new InsufficientBalanceError({
+            requiredNano: input.amountNano,
+            usdAvailableNano: balance.usdAvailableNano,
+            diemAvailableNano: balance.diemAvailableNano,
+          });
+        }
+        const apiKeyId = input.apiKeyId ?? null;
+        if (apiKeyId !== null) {
+          const key = await trx
+            .selectFrom('api_keys')
+            .select(['account_id', 'limit_usd_nano', 'limit_diem_nano', 'limit_period'])
+            .where('id', '=', apiKeyId)
+            .executeTakeFirst();
+          if (!key || key.account_id !== input.accountId) throw new NotFoundError('api key', apiKeyId);
+          if (key.limit_usd_nano !== null || key.limit_diem_nano !== null) {
+            const spent = await keySpendOn(trx, apiKeyId, periodStartMs(key.limit_period, at), true);
+            const checks = [
+              { currency: 'USD' as const, limit: key.limit_usd_nano, spent: spent.usdNano, part: usdPart },
+              {
+                currency: 'DIEM' as const,
+                limit: key.limit_diem_nano,
+                spent: spent.diemNano,
+                part: diemPart,
+              },
+            ];
+            for (const check of checks) {
+              if (check.limit !== null && check.part > 0n && check.spent + check.part > check.limit) {
+                throw new KeySpendLimitError({
+                  apiKeyId,
+                  currency: check.currency,
+                  period: key.limit_period,
+                  limitNano: check.limit,
+                  spentNano: check.spent,
+                  requestedNano: check.part,
+                });
+              }
+            }
+          }
+        }
+        const row = await trx
+          .insertInto('reservations')
+          .values({
+            id: randomId(),
+            account_id: input.accountId,
+            api_key_id: apiKeyId,
+            request_id: input.requestId,
+            model_id: input.modelId ?? null,
+            usd_nano: usdPart,
+            diem_nano: diemPart,
+            epoch_day: epochDay,
+            status: 'held',
+            created_at_ms: at,
+            expires_at_ms: at + input.ttlMs,
+            settled_at_ms: null,
+          })
+          .returningAll()
+          .executeTakeFirstOrThrow();
+        if (usdPart > 0n) {
+          await trx
+            .updateTable('accounts')
+            .set((eb) => ({ usd_reserved_nano: eb('usd_reserved_nano', '+', usdPart) }))
+            .where('id', '=', input.accountId)
+            .execute();
+        }
+        await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
+        return { reservation: toReservation(row) };
+      });
+    },
+
+    /**
+     * Charges the real cost of a held reservation and releases the rest. The total is capped at the
+     * reservation (`clamped` says so). DIEM is spent first, then USD, item by item; each (item, currency) with
+     * a non-zero amount becomes one CHARGE entry. Throws ReservationStateError (and changes nothing) when the
+     * reservation is not held any more.
+     */
+    async capture(reservationId: string, input: CaptureInput): Promise<CaptureResult> {
+      const items = input.items.map((item, index) => {
+        assertAmount(`items[${index}].amountNano`, item.amountNano);
+        return {
+          ...item,
+          units: decimalText(`items[${index}].units`, item.units),
+          unitPriceNano: decimalText(`items[${index}].unitPriceNano`, item.unitPriceNano),
+          details: item.details === undefined || item.details === null ? null : JSON.stringify(item.details),
+        };
+      });
+      const requestedNano = items.reduce((sum, item) => sum + item.amountNano, 0n);
+      const at = now();
+      return db.transaction().execute(async (trx) => {
+        const peek = await trx
+          .selectFrom('reservations')
+          .select('account_id')
+          .where('id', '=', reservationId)
+          .executeTakeFirst();
+        if (!peek) throw new NotFoundError('reservation', reservationId);
+        const account = await lockAccount(trx, peek.account_id);
+        const reservation = await lockedReservation(trx, reservationId);
+        if (reservation.status !== 'held') throw new ReservationStateError(reservationId, reservation.status);
+
+        const total = minBig(requestedNano, reservation.usd_nano + reservation.diem_nano);
+        const usage = await diemUsage(trx, reservation.account_id, toNumber(reservation.epoch_day));
+        let budget = total;
+        let diemLeft = reservation.diem_nano;
+        let diemUsed = usage.usedNano;
+        let usdBalance = account.usd_balance_nano;
+        let diemCharged = 0n;
+        let usdCharged = 0n;
+        const values: Array<NewEntry> = [];
+        for (const item of items) {
+          const amount = minBig(item.amountNano, budget);
+          budget -= amount;
+          const diem = minBig(amount, diemLeft);
+          const usd = amount - diem;
+          diemLeft -= diem;
+          const common = {
+            account_id: reservation.account_id,
+            api_key_id: reservation.api_key_id,
+            reservation_id: reservation.id,
+            type: 'CHARGE' as const,
+            request_id: reservation.request_id,
+            model_id: item.modelId ?? reservation.model_id,
+            sku: item.sku,
+            units: item.units,
+            unit_price_nano: item.unitPriceNano,
+            details: item.details,
+          };
+          if (diem > 0n) {
+            diemUsed += diem;
+            diemCharged += diem;
+            const left = maxBig(0n, account.diem_stake_nano - diemUsed);
+            values.push(
+              entryValues({ ...common, currency: 'DIEM', amount_nano: -diem, balance_after_nano: left }, at),
+            );
+          }
+          if (usd > 0n) {
+            usdBalance -= usd;
+            usdCharged += usd;
+            values.push(
+              entryValues(
+                { ...common, currency: 'USD', amount_nano: -usd, balance_after_nano: usdBalance },
+                at,
+              ),
+            );
+          }
+        }
+        const entries = await insertEntries(trx, values);
+        if (usdCharged > 0n || reservation.usd_nano > 0n) {
+          await trx
+            .updateTable('accounts')
+            .set((eb) => ({
+              usd_balance_nano: eb('usd_balance_nano', '-', usdCharged),
+              usd_reserved_nano: eb('usd_reserved_nano', '-', reservation.usd_nano),
+            }))
+            .where('id', '=', reservation.account_id)
+            .execute();
+        }
+        await bumpDiem(trx, reservation.account_id, toNumber(reservation.epoch_day), {
+          usedNano: diemCharged,
+          reservedNano: -reservation.diem_nano,
+        });
+        await trx
+          .updateTable('reservations')
+          .set({ status: 'captured', settled_at_ms: at })
+          .where('id', '=', reservationId)
+          .where('status', '=', 'held')
+          .execute();
+        return {
+          entries,
+          usdNano: usdCharged,
+          diemNano: diemCharged,
+          requestedNano,
+          clamped: requestedNano > total,
+        };
+      });
+    },
+
+    /**
+     * Gives a held reservation back in full. Idempotent: `released: false` when it was already captured,
+     * released or expired (a handler's cleanup may race the expiry sweep).
+     */
+    async release(reservationId: string): Promise<ReleaseResult> {
+      const at = now();
+      return db.transaction().execute(async (trx) => {
+        const { changed, row } = await settleReservation(trx, reservationId, 'released', at);
+        return { released: changed, reservation: toReservation(row) };
+      });
+    },
+
+    /**
+     * Expires every held reservation whose expiry is at or before `at` (crash recovery: a process died between
+     * reserve and capture). Each one is settled in its own transaction with a conditional update, so sweeps
+     * on several processes never double-release. Returns how many this call expired.
+     */
+    async expireReservations(at: number = now()): Promise<number> {
+      let count = 0;
+      for (;;) {
+        const due = await db
+          .selectFrom('reservations')
+          .select('id')
+          .where('status', '=', 'held')
+          .where('expires_at_ms', '<=', at)
+          .orderBy('expires_at_ms')
+          .limit(200)
+          .execute();
+        if (due.length === 0) return count;
+        for (const { id } of due) {
+          const { changed } = await db
+            .transaction()
+            .execute((trx) => settleReservation(trx, id, 'expired', at));
+          if (changed) count++;
+        }
+      }
+    },
+
+    /** Returns a reservation, or throws NotFoundError. */
+    async getReservation(reservationId: string): Promise<Reservation> {
+      const row = await db
+        .selectFrom('reservations')
+        .selectAll()
+        .where('id', '=', reservationId)
+        .executeTakeFirst();
+      if (!row) throw new NotFoundError('reservation', reservationId);
+      return toReservation(row);
+    },
+
+    /**
+     * Gives back everything a request was charged: one REFUND entry per currency, at most once (a repeat
+     * returns `refunded: false` and the first refund's entries). A DIEM refund goes back to the allowance of the
+     * day it was drawn from. Throws NothingToRefundError when the request has no charges on the account.
+     */
+    async refund(input: RefundInput): Promise<RefundResult> {
+      try {
+        return await refundOnce(input);
+      } catch (error) {
+        // Unreachable while every writer takes the account lock; the partial unique index is the backstop.
+        if (!isUniqueViolation(error)) throw error;
+        const previous = await refundEntries(db, input);
+        if (previous.length === 0) throw error;
+        return { entries: previous, refunded: false };
+      }
+    },
+
+    /** The account's entries, newest first (for history pages). */
+    async listEntries(accountId: string, input: ListEntriesInput = {}): Promise<LedgerEntry[]> {
+      const limit = checkLimit(input.limit ?? 50, 1000);
+      const offset = input.offset ?? 0;
+      if (!Number.isSafeInteger(offset) || offset < 0) throw new InvalidInputError('offset', 'Bad offset');
+      const rows = await db
+        .selectFrom('ledger_entries')
+        .selectAll()
+        .where('account_id', '=', accountId)
+        .orderBy('seq', 'desc')
+        .limit(limit)
+        .offset(offset)
+        .execute();
+      return rows.map(toLedgerEntry);
+    },
+
+    /** The account's entries in ledger order after a cursor, for billing exports and cursor pagination. */
+    async listEntriesSince(accountId: string, input: ListEntriesSinceInput = {}): Promise<LedgerEntry[]> {
+      const limit = checkLimit(input.limit ?? 100, 10_000);
+      let query = db.selectFrom('ledger_entries').selectAll().where('account_id', '=', accountId);
+      if (input.afterSeq !== undefined) query = query.where('seq', '>', input.afterSeq);
+      if (input.startMs !== undefined) query = query.where('created_at_ms', '>=', input.startMs);
+      if (input.endMs !== undefined) query = query.where('created_at_ms', '<', input.endMs);
+      if (input.currency !== undefined) query = query.where('currency', '=', input.currency);
+      if (input.types !== undefined && input.types.length > 0) query = query.where('type', 'in', input.types);
+      const rows = await query.orderBy('seq').limit(limit).execute();
+      return rows.map(toLedgerEntry);
+    },
+
+    /** Number of entries matching the same filters as `listEntriesSince` (without the cursor). */
+    async countEntries(
+      accountId: string,
+      input: Omit<ListEntriesSinceInput, 'afterSeq' | 'limit'> = {},
+    ): Promise<number> {
+      let query = db
+        .selectFrom('ledger_entries')
+        .select((eb) => eb.fn.countAll<number | bigint>().as('n'))
+        .where('account_id', '=', accountId);
+      if (input.startMs !== undefined) query = query.where('created_at_ms', '>=', input.startMs);
+      if (input.endMs !== undefined) query = query.where('created_at_ms', '<', input.endMs);
+      if (input.currency !== undefined) query = query.where('currency', '=', input.currency);
+      if (input.types !== undefined && input.types.length > 0) query = query.where('type', 'in', input.types);
+      return toNumber((await query.executeTakeFirstOrThrow()).n);
+    },
+
+    /**
+     * Gross spend (CHARGE entries) in [startMs, endMs), summed by UTC day, model, SKU and key. Amounts are
+     * positive; `requests` counts distinct request ids.
+     */
+    async usageSummary(accountId: string, input: { startMs: number; endMs: number }): Promise<UsageSummary> {
+      const day = sql<number | bigint>`created_at_ms / ${sql.lit(DAY_MS)}`;
+      const base = () =>
+        db
+          .selectFrom('ledger_entries')
+          .where('account_id', '=', accountId)
+          .where('type', '=', 'CHARGE')
+          .where('created_at_ms', '>=', input.startMs)
+          .where('created_at_ms', '<', input.endMs);
+      const amounts = [
+        sql<string | bigint | null>`sum(case when currency = 'USD' then -amount_nano else 0 end)`.as('usd'),
+        sql<string | bigint | null>`sum(case when currency = 'DIEM' then -amount_nano else 0 end)`.as('diem'),
+        sql<number | bigint>`count(distinct request_id)`.as('requests'),
+      ] as const;
+      const toAmounts = (row: {
+        usd: string | bigint | null;
+        diem: string | bigint | null;
+        requests: number | bigint;
+      }) => ({
+        usdNano: toBigInt(row.usd),
+        diemNano: toBigInt(row.diem),
+        requests: toNumber(row.requests),
+      });
+      const bySpend = (a: UsageAmounts, b: UsageAmounts) => {
+        const diff = b.usdNano + b.diemNano - (a.usdNano + a.diemNano);
+        return diff > 0n ? 1 : diff < 0n ? -1 : 0;
+      };
+      const [totals, days, models, skus, keys] = await Promise.all([
+        base().select(amounts).executeTakeFirstOrThrow(),
+        base()
+          .select([day.as('day'), ...amounts])
+          .groupBy(day)
+          .orderBy(day)
+          .execute(),
+        base()
+          .select(['model_id', ...amounts])
+          .groupBy('model_id')
+          .execute(),
+        base()
+          .select(['sku', ...amounts])
+          .groupBy('sku')
+          .execute(),
+        base()
+          .select(['api_key_id', ...amounts])
+          .groupBy('api_key_id')
+          .execute(),
+      ]);
+      return {
+        totals: toAmounts(totals),
+        byDay: days.map((row) => ({ day: isoDay(toNumber(row.day)), ...toAmounts(row) })),
+        byModel: models.map((row) => ({ modelId: row.model_id, ...toAmounts(row) })).sort(bySpend),
+        bySku: skus.map((row) => ({ sku: row.sku, ...toAmounts(row) })).sort(bySpend),
+        byKey: keys.map((row) => ({ apiKeyId: row.api_key_id, ...toAmounts(row) })).sort(bySpend),
+      };
+    },
+
+    /**
+     * A key's net spend (charges minus refunds) since `sinceMs`; with `includeHeld`, plus its held
+     * reservations, which is what the spend limits are checked against.
+     */
+    async keySpend(apiKeyId: string, input: { sinceMs: number; includeHeld?: boolean }): Promise<KeySpend> {
+      return keySpendOn(db, apiKeyId, input.sinceMs, input.includeHeld ?? false);
+    },
+
+    /**
+     * Ledger-wide totals for metrics: USD held and reserved across accounts, and the sum of entries by type
+     * and currency (charges negative). Aggregates only; cheap enough for a scrape, not for every request.
+     */
+    async totals(): Promise<LedgerTotals> {
+      const [held, sums] = await Promise.all([
+        db
+          .selectFrom('accounts')
+          .select((eb) => [
+            eb.fn.sum<string | bigint | null>('usd_balance_nano').as('usd'),
+            eb.fn.sum<string | bigint | null>('usd_reserved_nano').as('reserved'),
+          ])
+          .executeTakeFirstOrThrow(),
+        db
+          .selectFrom('ledger_entries')
+          .select((eb) => ['type', 'currency', eb.fn.sum<string | bigint | null>('amount_nano').as('total')])
+          .groupBy(['type', 'currency'])
+          .execute(),
+      ]);
+      const entries: LedgerTotals['entries'] = [];
+      for (const row of sums)
+        entries.push({ type: row.type, currency: row.currency, amountNano: toBigInt(row.total) });
+      return { usdBalanceNano: toBigInt(held.usd), usdReservedNano: toBigInt(held.reserved), entries };
+    },
+
+    /** Start of the key-limit period containing `at` (EPOCH: the UTC day, MONTH: the UTC month, LIFETIME: 0). */
+    periodStart: periodStartMs,
+  };
+}

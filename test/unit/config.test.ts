@@ -1,0 +1,49 @@
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, expect, test } from 'vitest';
+import { CONFIG_VARIABLES, ConfigError, loadConfig } from '../../server/config.ts';
+import { repoRoot } from '../support/contract.ts';
+
+describe('loadConfig', () => {
+  test('behavior: no variables at all gives the embedded defaults', () => {
+    const config = loadConfig({});
+    expect(config).toMatchObject({
+      port: 3000,
+      host: '127.0.0.1',
+      databaseUrl: 'sqlite:./data/service.db',
+      publicOrigin: 'http://127.0.0.1:3000',
+      bootstrapBalanceUsd: '10',
+      validateResponses: true,
+    });
+  });
+
+  test('behavior: responses are validated outside production unless switched off', () => {
+    expect(loadConfig({ NODE_ENV: 'production' }).validateResponses).toBe(false);
+    expect(loadConfig({ NODE_ENV: 'production', VALIDATE_RESPONSES: 'true' }).validateResponses).toBe(true);
+    expect(loadConfig({ VALIDATE_RESPONSES: 'off' }).validateResponses).toBe(false);
+  });
+
+  test('behavior: every problem is listed at once, and empty values count as unset', () => {
+    let error: unknown;
+    try {
+      loadConfig({ PORT: 'eighty', DATABASE_URL: 'mysql://x', BOOTSTRAP_BALANCE_USD: '-1', HOST: '' });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(ConfigError);
+    const problems = (error as ConfigError).problems.join('\n');
+    expect(problems).toContain('PORT');
+    expect(problems).toContain('DATABASE_URL');
+    expect(problems).toContain('BOOTSTRAP_BALANCE_USD');
+    expect(problems).not.toContain('HOST');
+  });
+
+  test('behavior: README.md and .env.example document every variable', () => {
+    const readme = readFileSync(join(repoRoot, 'README.md'), 'utf8');
+    const example = readFileSync(join(repoRoot, '.env.example'), 'utf8');
+    for (const name of CONFIG_VARIABLES) {
+      expect(readme, `README.md documents ${name}`).toContain(`\`${name}\``);
+      expect(example, `.env.example documents ${name}`).toMatch(new RegExp(`^${name}=`, 'm'));
+    }
+  });
+});

@@ -1,0 +1,157 @@
+import { createHash } from 'node:crypto';
+import { sql } from 'kysely';
+import pg from 'pg';
+import { describe, expect, test } from 'vitest';
+import { normalizeWalletAddress } from '../../server/storage/accounts.ts';
+import { generateSecret, hashSecret } from '../../server/storage/api-keys.ts';
+import { createDatabase, parseDatabaseUrl, redactDatabaseUrl } from '../../server/storage/database.ts';
+import {
+  InsufficientBalanceError,
+  KeySpendLimitError,
+  StorageConfigError,
+  StorageError,
+} from '../../server/storage/errors.ts';
+import { epochDayOf, isoDay, periodStartMs, toBigInt, toNumber } from '../../server/storage/internal.ts';
+import { migrate } from '../../server/storage/migrations.ts';
+
+describe('parseDatabaseUrl', () => {
+  test('behavior: sqlite file, absolute, memory and postgres URLs', () => {
+    expect(parseDatabaseUrl('sqlite::memory:')).toEqual({
+      dialect: 'sqlite',
+      filename: ':memory:',
+      memory: true,
+    });
+    expect(parseDatabaseUrl('sqlite:./data/service.db')).toEqual({
+      dialect: 'sqlite',
+      filename: `${process.cwd()}/data/service.db`,
+      memory: false,
+    });
+    expect(parseDatabaseUrl('sqlite:///var/lib/svc.db')).toMatchObject({ filename: '/var/lib/svc.db' });
+    expect(parseDatabaseUrl('postgres://u:p@db:5432/svc')).toEqual({
+      dialect: 'postgres',
+      connectionString: 'postgres://u:p@db:5432/svc',
+    });
+    expect(parseDatabaseUrl('postgresql://db/svc').dialect).toBe('postgres');
+  });
+
+  test('behavior: anything else is a StorageConfigError that does not echo the URL', () => {
+    for (const url of ['mysql://root:hunter2@db/x', 'sqlite:', '']) {
+      try {
+        parseDatabaseUrl(url);
+        expect.unreachable(url);
+      } catch (error) {
+        expect(error).toBeInstanceOf(StorageConfigError);
+        expect((error as StorageError).code).toBe('STORAGE_CONFIG');
+        expect((error as Error).message).not.toContain('hunter2');
+      }
+    }
+  });
+});
+
+describe('redactDatabaseUrl', () => {
+  test('behavior: the password is replaced, the rest kept', () => {
+    expect(redactDatabaseUrl('postgres://svc:s3cret@db.internal:5432/svc')).toBe(
+      'postgres://svc:***@db.internal:5432/svc',
+    );
+    expect(redactDatabaseUrl('sqlite:./data/service.db')).toBe('sqlite:./data/service.db');
+  });
+});
+
+describe('createDatabase', () => {
+  test('behavior: a PostgreSQL pool parses INT8 as bigint without touching the global pg type table', async () => {
+    const database = await createDatabase('postgres://u:p@127.0.0.1:1/none');
+    try {
+      expect(database.dialect).toBe('postgres');
+      expect(pg.types.getTypeParser(pg.types.builtins.INT8, 'text')('42')).toBe('42');
+    } finally {
+      await database.close();
+    }
+  });
+
+  test('behavior: SQLite in memory migrates and returns integers as bigint', async () => {
+    const database = await createDatabase('sqlite::memory:');
+    try {
+      expect(await migrate(database)).toEqual({ applied: ['0001_core'] });
+      expect(await migrate(database)).toEqual({ applied: [] });
+      const { rows } = await sql<{ n: unknown }>`select count(*) as n from kysely_migration`.execute(
+        database.db,
+      );
+      expect(rows[0]?.n).toBe(1n);
+    } finally {
+      await database.close();
+    }
+  });
+});
+
+describe('generateSecret', () => {
+  test('behavior: prefix by type plus 44 base62 characters, different every time', () => {
+    const secrets = Array.from({ length: 200 }, () => generateSecret('INFERENCE'));
+    for (const secret of secrets) expect(secret).toMatch(/^svc_inference_[0-9A-Za-z]{44}$/);
+    expect(new Set(secrets).size).toBe(200);
+    expect(generateSecret('ADMIN')).toMatch(/^svc_admin_[0-9A-Za-z]{44}$/);
+    // Every alphabet character shows up across 8800 draws (uniform sampling, no truncated alphabet).
+    expect(new Set(secrets.join('').replace(/^svc_inference_/gm, '')).size).toBeGreaterThanOrEqual(62);
+  });
+
+  test('behavior: hashSecret is the lowercase hex SHA-256', () => {
+    expect(hashSecret('abc')).toBe(createHash('sha256').update('abc').digest('hex'));
+    expect(hashSecret('abc')).toMatch(/^[0-9a-f]{64}$/);
+  });
+});
+
+describe('normalizeWalletAddress', () => {
+  test('behavior: EVM addresses are lowercased, other chains keep their case', () => {
+    expect(normalizeWalletAddress(' 0xABCDEF0123456789abcdef0123456789ABCDEF01 ')).toBe(
+      '0xabcdef0123456789abcdef0123456789abcdef01',
+    );
+    expect(normalizeWalletAddress('7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV')).toBe(
+      '7EcDhSYGxXyscszYEp35KHN8vvw3svAuLKTzXwCFLtV',
+    );
+    expect(() => normalizeWalletAddress('  ')).toThrow(StorageError);
+  });
+});
+
+describe('time and number helpers', () => {
+  test('behavior: the DIEM epoch changes at 00:00 UTC and limit periods start where they should', () => {
+    const lastMs = Date.UTC(2026, 0, 31, 23, 59, 59, 999);
+    expect(epochDayOf(lastMs + 1) - epochDayOf(lastMs)).toBe(1);
+    expect(isoDay(epochDayOf(lastMs))).toBe('2026-01-31');
+    expect(periodStartMs('EPOCH', lastMs)).toBe(Date.UTC(2026, 0, 31));
+    expect(periodStartMs('MONTH', lastMs)).toBe(Date.UTC(2026, 0, 1));
+    expect(periodStartMs('MONTH', lastMs + 1)).toBe(Date.UTC(2026, 1, 1));
+    expect(periodStartMs('LIFETIME', lastMs)).toBe(0);
+  });
+
+  test('behavior: aggregates from either engine become the same bigint', () => {
+    expect(toBigInt('123456789012345678901')).toBe(123456789012345678901n);
+    expect(toBigInt('-5.000')).toBe(-5n);
+    expect(toBigInt(null)).toBe(0n);
+    expect(toBigInt(7n)).toBe(7n);
+    expect(() => toBigInt('1.5')).toThrow(RangeError);
+    expect(toNumber(42n)).toBe(42);
+    expect(() => toNumber(2n ** 60n)).toThrow(RangeError);
+  });
+});
+
+describe('errors', () => {
+  test('behavior: typed errors carry a stable code and their details', () => {
+    const insufficient = new InsufficientBalanceError({
+      requiredNano: 5n,
+      usdAvailableNano: 1n,
+      diemAvailableNano: 2n,
+    });
+    expect(insufficient).toBeInstanceOf(StorageError);
+    expect(insufficient).toMatchObject({ code: 'INSUFFICIENT_BALANCE', message: 'Insufficient balance' });
+    const limit = new KeySpendLimitError({
+      apiKeyId: 'k',
+      currency: 'DIEM',
+      period: 'EPOCH',
+      limitNano: 1n,
+      spentNano: 1n,
+      requestedNano: 1n,
+    });
+    expect(limit.message).toBe('API key DIEM spend limit exceeded');
+    const cause = new Error('driver');
+    expect(new StorageError('STORAGE_FAILURE', 'x', { cause }).cause).toBe(cause);
+  });
+});
