@@ -11,9 +11,13 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createApp } from '../../server/app.ts';
 import { bootstrap } from '../../server/bootstrap.ts';
 import { loadConfig } from '../../server/config.ts';
+import { createCharges } from '../../server/domains/billing/charges.ts';
 import { createRateLimiter } from '../../server/domains/limits/rate-limiter.ts';
 import { createServices, type Services } from '../../server/services.ts';
+import { ContractValidator, loadBundle } from '../support/contract.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+
+const validator = new ContractValidator(loadBundle());
 
 const ADMIN = 'svc_admin_bootstrap_secret_for_tests_0123456789';
 let postgres: StartedPostgres | undefined;
@@ -346,6 +350,58 @@ describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
         (await call('/billing/usage-analytics?startDate=2026-01-01&endDate=2026-11-01', { key: ADMIN }))
           .status,
       ).toBe(400);
+    });
+  });
+
+  describe('reservations', () => {
+    test('behavior: a key over its spend limit, or an account without balance, is refused with 402', async () => {
+      const account = await services.accounts.createApiAccount({ name: 'Limited' });
+      await services.ledger.topUp({
+        accountId: account.id,
+        amountNano: 1_000_000_000n,
+        network: 'test',
+        txHash: account.id,
+      });
+      const { key } = await services.keys.create({
+        accountId: account.id,
+        keyType: 'INFERENCE',
+        description: 'Capped',
+        limitUsdNano: 50_000_000n,
+      });
+      const charges = createCharges({ ledger: services.ledger, reservationTtlMs: 60_000 });
+      const principal = {
+        kind: 'apiKey' as const,
+        accountId: account.id,
+        keyId: key.id,
+        keyType: 'INFERENCE' as const,
+      };
+      const first = await charges.reserve(principal, { amountNano: 40_000_000n, requestId: 'r1' });
+      const capped = await charges
+        .reserve(principal, { amountNano: 20_000_000n, requestId: 'r2' })
+        .catch((e: unknown) => e);
+      expect(capped).toMatchObject({ status: 402, code: 'API_KEY_USD_SPEND_LIMIT_EXCEEDED' });
+      expect((capped as Error).message).toContain(
+        'this API key has reached its configured USD spending limit',
+      );
+      await charges.release(first);
+
+      const broke = await charges
+        .reserve(principal, { amountNano: 2_000_000_000n, requestId: 'r3' })
+        .catch((e: unknown) => e);
+      expect(broke).toMatchObject({ status: 402, code: 'INSUFFICIENT_BALANCE' });
+      const schema = validator.schema('PaymentRequiredError');
+      expect(validator.validate(schema, (broke as { toBody(): unknown }).toBody())).toEqual([]);
+      expect(validator.validate(schema, (capped as { toBody(): unknown }).toBody())).toEqual([]);
+    });
+  });
+
+  describe('operations surface', () => {
+    test('behavior: /readyz reaches the database and /metrics reports ledger totals', async () => {
+      const origin = server.base.replace(/\/api\/v1$/, '');
+      expect((await fetch(`${origin}/readyz`)).status).toBe(200);
+      const metrics = await (await fetch(`${origin}/metrics`)).text();
+      expect(metrics).toMatch(/ledger_usd\{kind="balance"\} \d/);
+      expect(metrics).toMatch(/ledger_usd\{kind="entries",type="TOP_UP",currency="USD"\} \d/);
     });
   });
 

@@ -1,0 +1,78 @@
+/**
+ * How every paid operation spends money: reserve the worst case before any work, capture what was really
+ * used, release the rest. Storage refusals become the interface's 402 bodies here, once, for every domain.
+ */
+import type { Principal } from '../../http/auth.ts';
+import { ApiError } from '../../http/errors.ts';
+import { InsufficientBalanceError, KeySpendLimitError } from '../../storage/errors.ts';
+import type { CaptureItem, CaptureResult, LedgerRepository, Reservation } from '../../storage/ledger.ts';
+
+export type ChargesDeps = {
+  ledger: LedgerRepository;
+  /** How long a reservation may stay open before the sweep releases it. */
+  reservationTtlMs: number;
+  /** The 402 body for a wallet that cannot cover a request (the wallet domain builds it). */
+  walletPaymentRequired?(principal: Principal, requiredNano: bigint): ApiError;
+};
+
+export const INSUFFICIENT_BALANCE_MESSAGE =
+  'Insufficient USD or DIEM balance to complete request. Add credit to the account and retry.';
+
+/** The 402 for an API-key account that cannot cover a reservation. */
+export function paymentError(error: unknown): ApiError | undefined {
+  if (error instanceof KeySpendLimitError) {
+    const currency = error.currency;
+    return new ApiError(
+      402,
+      `API key ${currency} spend limit exceeded. Your account may still have ${currency} balance, but this API key has reached its configured ${currency} spending limit.`,
+      { code: `API_KEY_${currency}_SPEND_LIMIT_EXCEEDED`, cause: error },
+    );
+  }
+  if (error instanceof InsufficientBalanceError) {
+    return new ApiError(402, INSUFFICIENT_BALANCE_MESSAGE, { code: 'INSUFFICIENT_BALANCE', cause: error });
+  }
+  return undefined;
+}
+
+export type Charges = ReturnType<typeof createCharges>;
+
+export function createCharges(deps: ChargesDeps) {
+  return {
+    /** Reserves `amountNano` for the caller, or throws the 402 to answer with. */
+    async reserve(
+      principal: Principal,
+      input: { amountNano: bigint; requestId: string; modelId?: string | null },
+    ): Promise<Reservation> {
+      try {
+        const { reservation } = await deps.ledger.reserve({
+          accountId: principal.accountId,
+          apiKeyId: principal.kind === 'apiKey' ? principal.keyId : null,
+          amountNano: input.amountNano,
+          requestId: input.requestId,
+          modelId: input.modelId ?? null,
+          ttlMs: deps.reservationTtlMs,
+        });
+        return reservation;
+      } catch (error) {
+        if (
+          principal.kind === 'wallet' &&
+          error instanceof InsufficientBalanceError &&
+          deps.walletPaymentRequired
+        ) {
+          throw deps.walletPaymentRequired(principal, input.amountNano);
+        }
+        throw paymentError(error) ?? error;
+      }
+    },
+
+    /** Charges what was used (never more than reserved) and releases the rest. */
+    capture(reservation: Reservation, items: CaptureItem[]): Promise<CaptureResult> {
+      return deps.ledger.capture(reservation.id, { items });
+    },
+
+    /** Gives the whole reservation back (the work failed or was not done). */
+    async release(reservation: Reservation): Promise<void> {
+      await deps.ledger.release(reservation.id);
+    },
+  };
+}
