@@ -6,7 +6,7 @@ import type { ApiKey, ApiKeyModelRateLimits } from '../../../generated/api.d.ts'
 import type { HandlerTable } from '../../http/contract.ts';
 import { ApiError, badRequest, notFound } from '../../http/errors.ts';
 import { formatUsdFixed, nanoToUsdNumber, usdNumberToNano } from '../../money.ts';
-import type { ApiKeyRecord, ApiKeysRepository, LimitPeriod } from '../../storage/api-keys.ts';
+import type { ApiKeyRecord, ApiKeysRepository } from '../../storage/api-keys.ts';
 import { NotFoundError } from '../../storage/errors.ts';
 import type { LedgerRepository } from '../../storage/ledger.ts';
 import type { RateLimitsRepository } from '../../storage/rate-limits.ts';
@@ -37,14 +37,6 @@ type KeyOps =
   | 'getApiKey'
   | 'getApiKeyRateLimits'
   | 'listApiKeyRateLimitLogs';
-
-/** Start of the spend-limit period that contains `ms` (UTC). */
-export function periodStart(period: LimitPeriod, ms: number): number {
-  if (period === 'LIFETIME') return 0;
-  const d = new Date(ms);
-  if (period === 'MONTH') return Date.UTC(d.getUTCFullYear(), d.getUTCMonth(), 1);
-  return Date.UTC(d.getUTCFullYear(), d.getUTCMonth(), d.getUTCDate());
-}
 
 const iso = (ms: number | null) => (ms === null ? null : new Date(ms).toISOString());
 const limitOut = (nano: bigint | null) => (nano === null ? null : nanoToUsdNumber(nano));
@@ -87,7 +79,7 @@ export function createKeyHandlers(deps: KeyHandlerDeps): Pick<HandlerTable, KeyO
     };
     if (key.limitUsdNano !== null || key.limitDiemNano !== null) {
       const current = await deps.ledger.keySpend(key.id, {
-        sinceMs: periodStart(key.limitPeriod, at),
+        sinceMs: deps.ledger.periodStart(key.limitPeriod, at),
         includeHeld: true,
       });
       out.currentPeriodUsage = {
@@ -207,7 +199,7 @@ export function createKeyHandlers(deps: KeyHandlerDeps): Pick<HandlerTable, KeyO
         deps.ledger.getBalance(caller.accountId, at),
         deps.tierOf(caller.accountId),
       ]);
-      const today = periodStart('EPOCH', at);
+      const today = deps.ledger.periodStart('EPOCH', at);
       return {
         status: 200,
         body: {

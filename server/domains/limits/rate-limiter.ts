@@ -84,44 +84,31 @@ export function createRateLimiter(deps: RateLimiterDeps) {
         };
       }
       const base = `${subject}:model:${model.id}`;
-      if (limits.tokensPerMinute) {
-        const tokens = await deps.rateLimits.peek({
-          bucket: `${base}:TPM`,
-          windowMs: MINUTE,
-          limit: limits.tokensPerMinute,
-          now: at,
-        });
-        if (tokens.remaining <= 0) throw await refuse(principal, model.id, tier, 'TPM', tokens.resetAtMs);
-      }
-      if (limits.requestsPerDay) {
-        const day = await deps.rateLimits.hit({
-          bucket: `${base}:RPD`,
-          windowMs: DAY,
-          limit: limits.requestsPerDay,
-          now: at,
-        });
-        if (!day.allowed) throw await refuse(principal, model.id, tier, 'RPD', day.resetAtMs);
-      }
-      const minute = await deps.rateLimits.hit({
-        bucket: `${base}:RPM`,
-        windowMs: MINUTE,
-        limit: limits.requestsPerMinute,
-        now: at,
-      });
-      if (!minute.allowed) throw await refuse(principal, model.id, tier, 'RPM', minute.resetAtMs);
+      /** Counts one request in a window, or refuses (and logs) when the window is full. */
+      const take = async (type: 'RPM' | 'RPD', windowMs: number, limit: number) => {
+        const hit = await deps.rateLimits.hit({ bucket: `${base}:${type}`, windowMs, limit, now: at });
+        if (!hit.allowed) throw await refuse(principal, model.id, tier, type, hit.resetAtMs);
+        return hit;
+      };
+      const tokens = limits.tokensPerMinute
+        ? await deps.rateLimits.peek({
+            bucket: `${base}:TPM`,
+            windowMs: MINUTE,
+            limit: limits.tokensPerMinute,
+            now: at,
+          })
+        : undefined;
+      if (tokens && tokens.remaining <= 0)
+        throw await refuse(principal, model.id, tier, 'TPM', tokens.resetAtMs);
+      if (limits.requestsPerDay) await take('RPD', DAY, limits.requestsPerDay);
+      const minute = await take('RPM', MINUTE, limits.requestsPerMinute);
       const headers: ReplyHeaders = {
         'x-ratelimit-limit-requests': minute.limit,
         'x-ratelimit-remaining-requests': minute.remaining,
         'x-ratelimit-reset-requests': Math.ceil(minute.resetAtMs / 1000),
         'x-ratelimit-type': typeOf(principal),
       };
-      if (limits.tokensPerMinute) {
-        const tokens = await deps.rateLimits.peek({
-          bucket: `${base}:TPM`,
-          windowMs: MINUTE,
-          limit: limits.tokensPerMinute,
-          now: at,
-        });
+      if (tokens) {
         headers['x-ratelimit-limit-tokens'] = tokens.limit;
         headers['x-ratelimit-remaining-tokens'] = tokens.remaining;
         headers['x-ratelimit-reset-tokens'] = Math.max(0, Math.ceil((tokens.resetAtMs - at) / 1000));
