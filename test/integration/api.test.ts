@@ -241,6 +241,33 @@ describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
       );
     });
 
+    test('behavior: tokens used count against tokens per minute; a full window refuses with TPM', async () => {
+      const account = await services.accounts.createApiAccount({ name: 'Tokens' });
+      const { key } = await services.keys.create({
+        accountId: account.id,
+        keyType: 'INFERENCE',
+        description: 'T',
+      });
+      const limiter = createRateLimiter({ rateLimits: services.rateLimits, catalog: services.catalog });
+      const principal = {
+        kind: 'apiKey' as const,
+        accountId: account.id,
+        keyId: key.id,
+        keyType: 'INFERENCE' as const,
+      };
+      const tpm = services.catalog.getModel('llama-3.3-70b')?.rateLimits.paid?.tokensPerMinute ?? 0;
+      const before = await limiter.admit(principal, 'paid', 'llama-3.3-70b');
+      expect(before.headers['x-ratelimit-remaining-tokens']).toBe(tpm);
+      await limiter.consumeTokens(principal, 'paid', 'llama-3.3-70b', tpm - 10);
+      const after = await limiter.admit(principal, 'paid', 'llama-3.3-70b');
+      expect(after.headers['x-ratelimit-remaining-tokens']).toBe(10);
+      await limiter.consumeTokens(principal, 'paid', 'llama-3.3-70b', 10);
+      const refused = await limiter.admit(principal, 'paid', 'llama-3.3-70b').catch((e: unknown) => e);
+      expect(refused).toMatchObject({ status: 429, code: 'RATE_LIMIT_EXCEEDED' });
+      const events = await services.rateLimits.listEvents(account.id);
+      expect(events[0]).toMatchObject({ limitType: 'TPM', modelId: 'llama-3.3-70b', apiKeyId: key.id });
+    });
+
     test('behavior: authenticated responses carry the x-ratelimit-* headers', async () => {
       const r = await call('/billing/balance', { key: ADMIN });
       expect(Number(r.headers.get('x-ratelimit-remaining-requests'))).toBeGreaterThanOrEqual(0);

@@ -4,9 +4,10 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, afterEach, describe, expect, test } from 'vitest';
+import { afterAll, afterEach, describe, expect, onTestFinished, test } from 'vitest';
 import { repoRoot } from '../support/contract.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'main-test-'));
@@ -75,6 +76,53 @@ describe('server/main.ts', () => {
     expect(await again.json()).toMatchObject({ balances: { usd: 7.5 } });
     second.child.kill('SIGINT');
     expect(await second.exit).toBe(0);
+  });
+
+  test('behavior: SIGTERM drains a request that is still in flight before exiting', {
+    timeout: 90_000,
+  }, async () => {
+    const secret = 'svc_admin_drain_test_secret_0123456789abcdef';
+    const server = await start({
+      DATABASE_URL: `sqlite:${join(dir, 'drain.db')}`,
+      ADMIN_API_KEY: secret,
+      SHUTDOWN_GRACE_MS: '8000',
+    });
+    const { hostname: host, port } = new URL(server.url);
+    const body = JSON.stringify({ apiKeyType: 'INFERENCE', description: 'Created during shutdown' });
+    const socket = connect(Number(port), host);
+    onTestFinished(() => {
+      socket.destroy();
+    });
+    await new Promise<void>((resolve, reject) => {
+      socket.once('connect', () => resolve());
+      socket.once('error', reject);
+    });
+    let response = '';
+    socket.on('data', (d: Buffer) => {
+      response += d.toString();
+    });
+    // Headers and half of the body: the request is in flight when the signal arrives.
+    socket.write(
+      `POST /api/v1/api_keys HTTP/1.1\r\nHost: ${host}\r\nAuthorization: Bearer ${secret}\r\n` +
+        `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n` +
+        body.slice(0, 10),
+    );
+    await new Promise((r) => setTimeout(r, 200));
+    server.child.kill('SIGTERM');
+    await new Promise((r) => setTimeout(r, 300));
+    expect(server.child.exitCode).toBeNull();
+    socket.write(body.slice(10));
+    const code = await server.exit;
+    expect(code).toBe(0);
+    expect(response).toMatch(/^HTTP\/1\.1 200/);
+    expect(response).toContain('svc_inference_');
+    // Every request's log line carries its CF-RAY id.
+    const line = server
+      .output()
+      .split('\n')
+      .find((l) => l.includes('"msg":"request"') && l.includes('/api_keys'));
+    const cfRay = /CF-RAY: (\S+)/i.exec(response)?.[1];
+    expect(line).toContain(`"cfRay":"${cfRay}"`);
   });
 
   test('behavior: an invalid configuration stops the start with every problem listed', {
