@@ -21,6 +21,7 @@ import { type AddressInfo, connect } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse } from 'yaml';
+import { isPublic, loadContract } from '../server/http/spec.ts';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 export const BASE_PATH = '/api/v1';
@@ -61,50 +62,22 @@ export function loadChunkExamples(specPath: string): ChunkLike[] {
   return examples as ChunkLike[];
 }
 
-/** An operation that answers 402 with the x402 discovery body when called without any credentials. */
-export type DiscoveryRoute = { method: string; pattern: RegExp; body: Record<string, unknown> };
-
-type Doc = {
-  paths: Record<
-    string,
-    Record<string, { security?: Record<string, unknown>[]; responses?: Record<string, unknown> }>
-  >;
-  components?: { responses?: Record<string, unknown>; examples?: Record<string, unknown> };
-};
-
 /**
- * The operations whose documented 402 includes the x402 discovery example (a body with `x402Version`):
- * inference operations, which answer a request without credentials with how to pay or sign in.
+ * The x402 discovery body the contract documents for an inference operation called without credentials (the
+ * example of the shared 402 response that carries `x402Version`).
  */
-export function loadDiscoveryRoutes(specPath: string): DiscoveryRoute[] {
-  const doc = parse(readFileSync(specPath, 'utf8')) as Doc;
-  const resolve = (value: unknown): Record<string, unknown> | undefined => {
-    let node = value as Record<string, unknown> | undefined;
-    while (node && typeof node.$ref === 'string') {
-      node = (node.$ref as string)
-        .slice(2)
-        .split('/')
-        .reduce<unknown>((at, key) => (at as Record<string, unknown>)?.[key], doc) as Record<string, unknown>;
-    }
-    return node;
+export function loadDiscoveryExample(specPath: string): Record<string, unknown> {
+  const doc = parse(readFileSync(specPath, 'utf8')) as {
+    components?: {
+      responses?: Record<string, { content?: Record<string, { examples?: Record<string, unknown> }> }>;
+    };
   };
-  const routes: DiscoveryRoute[] = [];
-  for (const [path, item] of Object.entries(doc.paths)) {
-    for (const [method, op] of Object.entries(item)) {
-      const open = !op.security || op.security.some((r) => Object.keys(r).length === 0);
-      const media = resolve(resolve(op.responses?.['402'])?.content as unknown) as
-        | Record<string, { examples?: Record<string, unknown> }>
-        | undefined;
-      const examples = Object.values(media?.['application/json']?.examples ?? {}).map(
-        (ex) => resolve(ex)?.value as Record<string, unknown> | undefined,
-      );
-      const body = examples.find((value) => value && 'x402Version' in value);
-      if (open || !body) continue;
-      const pattern = new RegExp(`^${path.replace(/\{[^/}]+\}/g, '[^/]+')}$`);
-      routes.push({ method: method.toUpperCase(), pattern, body });
-    }
+  const examples = doc.components?.responses?.PaymentRequired?.content?.['application/json']?.examples ?? {};
+  for (const example of Object.values(examples)) {
+    const value = (example as { value?: unknown }).value;
+    if (value && typeof value === 'object' && 'x402Version' in value) return value as Record<string, unknown>;
   }
-  return routes;
+  throw new Error(`${specPath}: the PaymentRequired response documents no x402 discovery example`);
 }
 
 /** The `PAYMENT-REQUIRED` header: base64 of the x402 `PaymentRequired` part of a discovery body. */
@@ -125,7 +98,8 @@ export async function startMock(options: MockOptions = {}): Promise<RunningMock>
   const host = options.host ?? '127.0.0.1';
   const log = options.log ?? ((line: string) => process.stdout.write(`${line}\n`));
   const chunks = loadChunkExamples(specPath);
-  const discoveryRoutes = loadDiscoveryRoutes(specPath);
+  const contract = loadContract(specPath);
+  const discovery = loadDiscoveryExample(specPath);
   const prismPort = await freePort(host);
   const prism = spawnPrism(specPath, host, prismPort, log);
   try {
@@ -155,16 +129,21 @@ export async function startMock(options: MockOptions = {}): Promise<RunningMock>
       return;
     }
     const pathname = path.split('?')[0] ?? '/';
-    const discovery = discoveryRoutes.find((r) => r.method === req.method && r.pattern.test(pathname));
-    if (discovery && !CREDENTIAL_HEADERS.some((name) => req.headers[name])) {
+    const op = contract.match(req.method ?? 'GET', pathname);
+    if (
+      op &&
+      op.declaresPaymentRequired &&
+      !isPublic(op) &&
+      !CREDENTIAL_HEADERS.some((name) => req.headers[name])
+    ) {
       // As the server does: no credentials on an inference operation is 402 with how to pay or sign in.
       res.writeHead(402, {
         'content-type': 'application/json; charset=utf-8',
-        'payment-required': paymentRequiredHeader(discovery.body),
+        'payment-required': paymentRequiredHeader(discovery),
         'access-control-allow-origin': '*',
         'access-control-expose-headers': 'PAYMENT-REQUIRED',
       });
-      res.end(JSON.stringify(discovery.body));
+      res.end(JSON.stringify(discovery));
       return;
     }
     if (req.method === 'POST' && pathname === '/chat/completions') {

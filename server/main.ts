@@ -86,12 +86,19 @@ logger.info(
   'listening',
 );
 
-// Crash recovery: reservations of requests that never finished are released when they expire.
+// Housekeeping every minute: reservations of requests that never finished (a crash) are released when they
+// expire; rate-limit windows older than a day and refusal-log entries older than 30 days are dropped.
 const sweep = setInterval(() => {
-  services.ledger
-    .expireReservations()
-    .then((n) => (n > 0 ? logger.info({ released: n }, 'expired reservations released') : undefined))
-    .catch((error: unknown) => logger.error({ err: error }, 'reservation sweep failed'));
+  const now = Date.now();
+  Promise.all([
+    services.ledger.expireReservations(now),
+    services.rateLimits.prune(now - 2 * 86_400_000),
+    services.rateLimits.pruneEvents(now - 30 * 86_400_000),
+  ])
+    .then(([released]) =>
+      released > 0 ? logger.info({ released }, 'expired reservations released') : undefined,
+    )
+    .catch((error: unknown) => logger.error({ err: error }, 'sweep failed'));
 }, 60_000);
 sweep.unref();
 

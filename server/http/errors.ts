@@ -47,7 +47,6 @@ export const badRequest = (message: string, code = 'INVALID_REQUEST', details?: 
 export const unauthorized = (message = 'Authentication failed', code = 'AUTHENTICATION_FAILED') =>
   new ApiError(401, message, { code });
 export const adminKeyRequired = () => new ApiError(401, 'Admin API key required');
-export const forbidden = (message: string, code = 'UNAUTHORIZED') => new ApiError(403, message, { code });
 export const notFound = (message: string, code = 'NOT_FOUND') => new ApiError(404, message, { code });
 export const notImplemented = () => new ApiError(501, 'Not implemented');
 
