@@ -131,8 +131,7 @@ export async function startMock(options: MockOptions = {}): Promise<RunningMock>
     const pathname = path.split('?')[0] ?? '/';
     const op = contract.match(req.method ?? 'GET', pathname);
     if (
-      op &&
-      op.declaresPaymentRequired &&
+      op?.declaresPaymentRequired &&
       !isPublic(op) &&
       !CREDENTIAL_HEADERS.some((name) => req.headers[name])
     ) {

