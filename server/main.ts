@@ -94,6 +94,7 @@ const sweep = setInterval(() => {
     services.ledger.expireReservations(now),
     services.rateLimits.prune(now - 2 * 86_400_000),
     services.rateLimits.pruneEvents(now - 30 * 86_400_000),
+    services.idempotency.prune(now),
   ])
     .then(([released]) =>
       released > 0 ? logger.info({ released }, 'expired reservations released') : undefined,
