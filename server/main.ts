@@ -87,7 +87,8 @@ logger.info(
 );
 
 // Housekeeping every minute: reservations of requests that never finished (a crash) are released when they
-// expire; rate-limit windows older than a day and refusal-log entries older than 30 days are dropped.
+// expire; rate-limit windows older than a day, refusal-log entries older than 30 days and expired idempotency
+// records are dropped.
 const sweep = setInterval(() => {
   const now = Date.now();
   Promise.all([
