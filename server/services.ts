@@ -23,6 +23,7 @@ import { createMetrics } from './observability/metrics.ts';
 import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
 import { createDatabase, type Database } from './storage/database.ts';
+import { createIdempotency, type IdempotencyStore } from './storage/idempotency.ts';
 import { createLedger, type LedgerRepository } from './storage/ledger.ts';
 import { migrate } from './storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from './storage/rate-limits.ts';
@@ -35,6 +36,7 @@ export type Services = {
   keys: ApiKeysRepository;
   ledger: LedgerRepository;
   rateLimits: RateLimitsRepository;
+  idempotency: IdempotencyStore;
   rpc: RpcDomain;
   app: AppDeps;
   close(): Promise<void>;
@@ -57,6 +59,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   const keys = createApiKeys(database);
   const ledger = createLedger(database);
   const rateLimits = createRateLimits(database);
+  const idempotency = createIdempotency(database);
   const metrics = createMetrics();
   const tierOf = async (accountId: string) => ((await accounts.get(accountId)).pro ? 'partner' : 'paid');
   const limiter = createRateLimiter({ rateLimits, catalog });
@@ -68,6 +71,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       database,
       rateLimits,
       charges: createCharges({ ledger, reservationTtlMs: config.reservationTtlMs }),
+      idempotency,
     });
   } catch (error) {
     await database.close();
@@ -172,6 +176,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     keys,
     ledger,
     rateLimits,
+    idempotency,
     rpc,
     app,
     close: () => {

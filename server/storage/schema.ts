@@ -104,6 +104,23 @@ export interface RateLimitEventsTable {
   created_at_ms: Int;
 }
 
+export interface IdempotencyRecordsTable {
+  principal: string;
+  operation: string;
+  idem_key: string;
+  request_hash: string;
+  state: 'in_flight' | 'completed';
+  /** A random token of the request that holds the record; complete/abandon only act for their owner. */
+  owner: string;
+  lease_until_ms: Int;
+  expires_at_ms: Int;
+  status: Int | null;
+  /** JSON object of the stored response headers. */
+  headers: string | null;
+  body: string | null;
+  created_at_ms: Int;
+}
+
 /** Rolling 24-hour JSON-RPC credits per caller, in one-minute buckets (migration 0004_rpc). */
 export interface RpcCreditUsageTable {
   subject: string;
@@ -124,6 +141,7 @@ export interface Tables {
   ledger_entries: LedgerEntriesTable;
   rate_limit_counters: RateLimitCountersTable;
   rate_limit_events: RateLimitEventsTable;
+  idempotency_records: IdempotencyRecordsTable;
   rpc_credit_usage: RpcCreditUsageTable;
   rpc_credit_subjects: RpcCreditSubjectsTable;
 }

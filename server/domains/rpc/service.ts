@@ -4,12 +4,13 @@
  * forwards the bytes to the network's nodes (with failover), then charges what the answer really cost and
  * returns the node's bytes unchanged. Everything that does not depend on the request is prepared at start.
  */
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import type { components } from '../../../generated/api.d.ts';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
 import { formatUsdFixed } from '../../money.ts';
 import { type RpcUpstream, UpstreamError } from '../../providers/rpc/port.ts';
+import { hashRequestBody, type IdempotencyScope, type IdempotencyStore } from '../../storage/idempotency.ts';
 import type { Reservation } from '../../storage/ledger.ts';
 import type { RateLimitsRepository } from '../../storage/rate-limits.ts';
 import type { RpcCreditsRepository } from '../../storage/rpc-credits.ts';
@@ -20,21 +21,8 @@ import type { RpcNetwork } from './networks.ts';
 const MINUTE_MS = 60_000;
 const OPERATION = 'callCryptoRpc';
 
-/** A response kept for idempotent replay. */
-export type StoredResponse = { status: number; headers: Record<string, string>; body: string };
-export type IdempotencyScope = { principal: string; operation: string; key: string };
-export type BeginResult =
-  | { kind: 'started' }
-  | { kind: 'replay'; response: StoredResponse }
-  | { kind: 'in_flight' }
-  | { kind: 'mismatch' };
-
 /** The part of the shared idempotency store the proxy uses. */
-export type IdempotencyPort = {
-  begin(scope: IdempotencyScope, input: { requestHash: string; ttlMs?: number }): Promise<BeginResult>;
-  complete(scope: IdempotencyScope, response: StoredResponse): Promise<void>;
-  abandon(scope: IdempotencyScope): Promise<void>;
-};
+export type IdempotencyPort = Pick<IdempotencyStore, 'begin' | 'complete' | 'abandon'>;
 
 export type RpcLimits = {
   requestsPerMinute: number;
@@ -267,11 +255,8 @@ export function createRpcService(deps: RpcServiceDeps) {
         operation: OPERATION,
         key: input.idempotencyKey,
       };
-      const requestHash = createHash('sha256')
-        .update(network.slug)
-        .update('\n')
-        .update(payload)
-        .digest('hex');
+      // The network is part of the request: the same key and body sent to another network is another request.
+      const requestHash = hashRequestBody({ network: network.slug, body: input.body });
       const begun = await store.begin(scope, { requestHash });
       switch (begun.kind) {
         case 'replay':
