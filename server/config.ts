@@ -5,6 +5,7 @@
  */
 import { hostname } from 'node:os';
 import { z } from 'zod';
+import { RPC_NETWORK_SLUGS, upstreamListSchema, upstreamVariable } from './domains/rpc/networks.ts';
 
 const bool = z
   .enum(['true', 'false', '1', '0', 'yes', 'no', 'on', 'off'])
@@ -50,6 +51,17 @@ const variables = z.object({
     .regex(/^[1-9A-HJ-NP-Za-km-z]{32,44}$/, 'a Solana address')
     .optional(),
   JSON_BODY_LIMIT_MB: z.coerce.number().int().min(1).max(100).default(35),
+  RPC_PRICE_PER_CREDIT_USD: usd.default('0.0000007'),
+  RPC_UPSTREAM_TIMEOUT_MS: z.coerce.number().int().min(100).max(600_000).default(10_000),
+  RPC_MAX_RESPONSE_MB: z.coerce.number().int().min(1).max(512).default(32),
+  RPC_REQUESTS_PER_MINUTE: z.coerce.number().int().min(1).default(100),
+  RPC_STAFF_REQUESTS_PER_MINUTE: z.coerce.number().int().min(1).default(1000),
+  RPC_STAFF_ACCOUNTS: z.string().default(''),
+  RPC_CREDITS_PER_DAY: z.coerce.number().int().min(1).default(10_000_000),
+  // RPC_UPSTREAM_<SLUG>: comma-separated upstream node URLs of one network, in failover order.
+  ...(Object.fromEntries(
+    RPC_NETWORK_SLUGS.map((slug) => [upstreamVariable(slug), upstreamListSchema.optional()]),
+  ) as Record<string, z.ZodOptional<typeof upstreamListSchema>>),
 });
 
 /** Every environment variable the server reads (the README and .env.example document each). */
@@ -74,6 +86,23 @@ const schema = variables.transform((env) => ({
   colo: env.SERVICE_COLO,
   reservationTtlMs: env.RESERVATION_TTL_MS,
   jsonBodyLimitBytes: env.JSON_BODY_LIMIT_MB * 1024 * 1024,
+  rpc: {
+    pricePerCreditUsd: env.RPC_PRICE_PER_CREDIT_USD,
+    upstreamTimeoutMs: env.RPC_UPSTREAM_TIMEOUT_MS,
+    maxResponseBytes: env.RPC_MAX_RESPONSE_MB * 1024 * 1024,
+    requestsPerMinute: env.RPC_REQUESTS_PER_MINUTE,
+    staffRequestsPerMinute: env.RPC_STAFF_REQUESTS_PER_MINUTE,
+    staffAccounts: env.RPC_STAFF_ACCOUNTS.split(',')
+      .map((id) => id.trim())
+      .filter(Boolean),
+    creditsPerDay: env.RPC_CREDITS_PER_DAY,
+    upstreams: Object.fromEntries(
+      RPC_NETWORK_SLUGS.flatMap((slug) => {
+        const urls = (env as Record<string, unknown>)[upstreamVariable(slug)] as string[] | undefined;
+        return urls ? [[slug, urls]] : [];
+      }),
+    ) as Record<string, string[]>,
+  },
   x402: {
     payToBase: env.X402_PAY_TO_BASE,
     payToSolana: env.X402_PAY_TO_SOLANA,

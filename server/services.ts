@@ -7,10 +7,12 @@ import type { AppDeps } from './app.ts';
 import { loadCatalog } from './catalog/load.ts';
 import { type CatalogService, createCatalogService } from './catalog/service.ts';
 import type { Config } from './config.ts';
+import { createCharges } from './domains/billing/charges.ts';
 import { createBillingHandlers } from './domains/billing/handlers.ts';
 import { createCatalogHandlers } from './domains/catalog/handlers.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
+import { createRpcDomain, type RpcDomain } from './domains/rpc/index.ts';
 import { discoveryPaymentRequired } from './domains/wallet/discovery.ts';
 import { createHandlers } from './handlers.ts';
 import type { AuthPorts, Principal } from './http/auth.ts';
@@ -21,8 +23,8 @@ import { createMetrics } from './observability/metrics.ts';
 import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
 import { createDatabase, type Database } from './storage/database.ts';
-import { createLedger, type LedgerRepository } from './storage/ledger.ts';
 import { createIdempotency, type IdempotencyStore } from './storage/idempotency.ts';
+import { createLedger, type LedgerRepository } from './storage/ledger.ts';
 import { migrate } from './storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from './storage/rate-limits.ts';
 
@@ -35,16 +37,17 @@ export type Services = {
   ledger: LedgerRepository;
   rateLimits: RateLimitsRepository;
   idempotency: IdempotencyStore;
+  rpc: RpcDomain;
   app: AppDeps;
   close(): Promise<void>;
 };
 
 export async function createServices(config: Config, logger: Logger): Promise<Services> {
   const contract = loadContract();
-  const catalog = createCatalogService(
-    loadCatalog(config.serviceConfigPath ? { overridePath: config.serviceConfigPath } : {}),
-    { publicBaseUrl: config.publicOrigin },
+  const loadedCatalog = loadCatalog(
+    config.serviceConfigPath ? { overridePath: config.serviceConfigPath } : {},
   );
+  const catalog = createCatalogService(loadedCatalog, { publicBaseUrl: config.publicOrigin });
   const database = await createDatabase(config.databaseUrl);
   try {
     await migrate(database);
@@ -60,6 +63,20 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   const metrics = createMetrics();
   const tierOf = async (accountId: string) => ((await accounts.get(accountId)).pro ? 'partner' : 'paid');
   const limiter = createRateLimiter({ rateLimits, catalog });
+  let rpc: RpcDomain;
+  try {
+    rpc = createRpcDomain({
+      config: config.rpc,
+      section: loadedCatalog.extra.rpc,
+      database,
+      rateLimits,
+      charges: createCharges({ ledger, reservationTtlMs: config.reservationTtlMs }),
+      idempotency,
+    });
+  } catch (error) {
+    await database.close();
+    throw error;
+  }
 
   const auth: AuthPorts = {
     async authenticateApiKey(secret) {
@@ -92,6 +109,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       rateLimitsFor: (tier) => catalog.rateLimits(tier) ?? [],
     }),
     ...createBillingHandlers({ ledger, keys, modelType: (id) => catalog.getModel(id)?.type }),
+    ...rpc.handlers,
   });
 
   metrics.addGauge({
@@ -159,7 +177,11 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     ledger,
     rateLimits,
     idempotency,
+    rpc,
     app,
-    close: () => database.close(),
+    close: () => {
+      rpc.close();
+      return database.close();
+    },
   };
 }

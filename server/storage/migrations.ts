@@ -237,11 +237,37 @@ function idempotency(): Migration {
   };
 }
 
+/** The JSON-RPC proxy's rolling 24-hour credit counter and its per-caller lock rows. */
+function rpc(): Migration {
+  return {
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable('rpc_credit_subjects')
+        .addColumn('subject', 'text', (c) => c.primaryKey())
+        .execute();
+      await db.schema
+        .createTable('rpc_credit_usage')
+        .addColumn('subject', 'text', (c) => c.notNull())
+        .addColumn('bucket_ms', 'bigint', (c) => c.notNull())
+        .addColumn('credits', 'bigint', (c) => c.notNull())
+        .addPrimaryKeyConstraint('rpc_credit_usage_pk', ['subject', 'bucket_ms'])
+        .addCheckConstraint('rpc_credit_usage_nonneg', sql`credits >= 0`)
+        .execute();
+      await db.schema
+        .createIndex('rpc_credit_usage_bucket_idx')
+        .on('rpc_credit_usage')
+        .column('bucket_ms')
+        .execute();
+    },
+  };
+}
+
 /** Every migration, by name; names sort in the order they run. */
 export function storageMigrations(dialect: Dialect): Record<string, Migration> {
   return {
     '0001_core': core(dialect),
     '0002_idempotency': idempotency(),
+    '0004_rpc': rpc(),
   };
 }
 

@@ -121,6 +121,18 @@ export interface IdempotencyRecordsTable {
   created_at_ms: Int;
 }
 
+/** Rolling 24-hour JSON-RPC credits per caller, in one-minute buckets (migration 0004_rpc). */
+export interface RpcCreditUsageTable {
+  subject: string;
+  bucket_ms: Int;
+  credits: Int;
+}
+
+/** One row per JSON-RPC caller: the lock that serialises its credit-cap checks (migration 0004_rpc). */
+export interface RpcCreditSubjectsTable {
+  subject: string;
+}
+
 export interface Tables {
   accounts: AccountsTable;
   diem_usage: DiemUsageTable;
@@ -130,4 +142,6 @@ export interface Tables {
   rate_limit_counters: RateLimitCountersTable;
   rate_limit_events: RateLimitEventsTable;
   idempotency_records: IdempotencyRecordsTable;
+  rpc_credit_usage: RpcCreditUsageTable;
+  rpc_credit_subjects: RpcCreditSubjectsTable;
 }
