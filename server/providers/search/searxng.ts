@@ -39,6 +39,15 @@ export function createSearxngSearch(options: SearxngSearchOptions): SearchProvid
     throw new TypeError('SearXNG base URL must be http or https');
   }
   const endpoint = new URL(`${base.pathname.replace(/\/+$/, '')}/search`, base);
+  // Credentials in the URL (an instance behind a password-protected proxy) travel as Basic auth instead.
+  const headers: Record<string, string> = { accept: 'application/json' };
+  if (endpoint.username || endpoint.password) {
+    const user = decodeURIComponent(endpoint.username);
+    const password = decodeURIComponent(endpoint.password);
+    headers.authorization = `Basic ${Buffer.from(`${user}:${password}`).toString('base64')}`;
+    endpoint.username = '';
+    endpoint.password = '';
+  }
   const shown = redact(endpoint);
   const doFetch = options.fetch ?? fetch;
   const maxBytes = options.maxBytes ?? DEFAULT_MAX_BYTES;
@@ -69,7 +78,7 @@ export function createSearxngSearch(options: SearxngSearchOptions): SearchProvid
       let body: string;
       try {
         const response = await doFetch(url, {
-          headers: { accept: 'application/json' },
+          headers,
           signal: combined,
           redirect: 'error',
         });
