@@ -63,10 +63,13 @@ function handler(site: string) {
         res.writeHead(200, { 'content-type': 'text/plain' });
         const chunk = Buffer.alloc(16 * 1024, 'a');
         let sent = 0;
-        const pump = () => {
+        const pump = (): void => {
           while (!res.destroyed && sent < 256 * 1024 * 1024) {
             sent += chunk.length;
-            if (!res.write(chunk)) return res.once('drain', pump);
+            if (!res.write(chunk)) {
+              res.once('drain', pump);
+              return;
+            }
           }
           res.end();
         };
