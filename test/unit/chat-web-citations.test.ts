@@ -41,6 +41,24 @@ describe('rewriteCitations', () => {
     );
   });
 
+  test('behavior: markers do not span lines', () => {
+    expect(rewriteCitations('see [1,\n2]')).toBe('see [1,\n2]');
+  });
+
+  test('behavior: with a source count, out-of-range numbers are not citations', () => {
+    expect(rewriteCitations('A [1] B [4] C [2, 9] D <sup>3</sup>', { sources: 3 })).toBe(
+      'A ^1^ B [4] C [2, 9] D ^3^',
+    );
+  });
+
+  test('behavior: with a source count, (n) after text is a citation; at a line start it is a list item', () => {
+    expect(
+      rewriteCitations('Paris is big (1). Lyon too (2, 3).\n(1) first item\n  (2) second', { sources: 3 }),
+    ).toBe('Paris is big ^1^. Lyon too ^2,3^.\n(1) first item\n  (2) second');
+    expect(rewriteCitations('Paris is big (1).')).toBe('Paris is big (1).');
+    expect(rewriteCitations('only two sources (3)', { sources: 2 })).toBe('only two sources (3)');
+  });
+
   test('behavior: an unclosed inline code span ends at the line end', () => {
     expect(rewriteCitations('stray `tick [1]\nnext line [2]')).toBe('stray `tick [1]\nnext line ^2^');
   });
@@ -78,6 +96,58 @@ describe('createCitationRewriter', () => {
         expect(out, `${text} (round ${round})`).toBe(expected);
       }
     }
+  });
+
+  test('behavior: random texts of citation-like tokens, randomly chunked, match the whole-text rewrite', () => {
+    const tokens = [
+      '[1]',
+      '[2',
+      ']',
+      '[',
+      '1',
+      '2',
+      '4',
+      ',',
+      ' ',
+      '\n',
+      '`',
+      '```',
+      '(',
+      ')',
+      '<sup>',
+      '</sup>',
+      'a',
+      ':',
+      '<s',
+    ];
+    let seed = 42;
+    const random = () => {
+      seed = (seed * 1103515245 + 12345) % 2 ** 31;
+      return seed / 2 ** 31;
+    };
+    const pick = <T>(items: T[]) => items[Math.floor(random() * items.length)] as T;
+    for (let round = 0; round < 400; round++) {
+      const text = Array.from({ length: 5 + Math.floor(random() * 40) }, () => pick(tokens)).join('');
+      const options = round % 2 === 0 ? {} : { sources: 3 };
+      const rewriter = createCitationRewriter(options);
+      let out = '';
+      for (let i = 0; i < text.length; ) {
+        const size = 1 + Math.floor(random() * 5);
+        out += rewriter.push(text.slice(i, i + size));
+        i += size;
+      }
+      out += rewriter.flush();
+      expect(out, JSON.stringify({ text, options })).toBe(rewriteCitations(text, options));
+    }
+  });
+
+  test('behavior: finished lines leave the buffer (a long answer is not re-scanned per delta)', () => {
+    const rewriter = createCitationRewriter();
+    let out = '';
+    const line = 'A claim [1] and another [2][3].\n';
+    for (let i = 0; i < 2_000; i++) out += rewriter.push(line);
+    out += rewriter.flush();
+    expect(out).toBe('A claim ^1^ and another ^2,3^.\n'.repeat(2_000));
   });
 
   test('behavior: text is released as soon as it cannot become a citation', () => {

@@ -3,14 +3,27 @@
  * the model's citation markers into the interface's `^1^` / `^1,2^` form (`enable_web_citations`). Bracket
  * forms (`[1]`, `[1][2]`, `[1, 2]`, `<sup>1</sup>`) become superscripts; everything else in brackets (`[a]`,
  * markdown links `[1](url)`, reference links `[x][1]`) and anything inside code spans or fences is left alone.
- * Parenthesised numbers like `(1)` are left alone on purpose: they are far more often list items than citations.
+ * Parenthesised numbers like `(1)` are only rewritten when the caller says how many sources there are, and
+ * never at the start of a line: they are more often list items than citations.
  */
 import type { SearchResult } from '../../../providers/search/types.ts';
 
+export type RewriteCitationsOptions = {
+  /**
+   * How many sources the model was given. When set, markers citing a number outside 1..sources are left as
+   * they are, and `(n)` / `(n, m)` after text on the same line count as citations too.
+   */
+  sources?: number;
+};
+
+// Blanks inside markers are spaces and tabs only, so no marker spans a line (the streaming rewrite relies on it).
+const NUMBERS = String.raw`[1-9]\d{0,2}(?:[ \t]*,[ \t]*[1-9]\d{0,2})*`;
 /** A run of bracket citations: `[1]`, `[1][2]`, `[1, 2]`, `[1,2][3]`; not part of a link or reference link. */
-const BRACKET_RUN = /(?<!\])(?:\[\s*[1-9]\d{0,2}(?:\s*,\s*[1-9]\d{0,2})*\s*\])+(?![([])/g;
+const BRACKET_RUN = new RegExp(String.raw`(?<!\])(?:\[[ \t]*${NUMBERS}[ \t]*\])+(?![(\[])`, 'g');
 /** `<sup>1</sup>`, `<sup>1,2</sup>`, `<sup>[1]</sup>`. */
-const SUP = /<sup>\s*\[?\s*([1-9]\d{0,2}(?:\s*,\s*[1-9]\d{0,2})*)\s*\]?\s*<\/sup>/gi;
+const SUP = new RegExp(String.raw`<sup>[ \t]*\[?[ \t]*(${NUMBERS})[ \t]*\]?[ \t]*<\/sup>`, 'gi');
+/** `(1)`, `(1, 2)`: citations only with a known source count and text before them on the line. */
+const PAREN = new RegExp(String.raw`\([ \t]*${NUMBERS}[ \t]*\)`, 'g');
 /**
  * Code fences (closed, or running to the end) and inline code spans (closed, or running to the end of the line:
  * that keeps the streaming rewrite stable while a span is still open).
@@ -18,43 +31,61 @@ const SUP = /<sup>\s*\[?\s*([1-9]\d{0,2}(?:\s*,\s*[1-9]\d{0,2})*)\s*\]?\s*<\/sup
 const CODE = /```[\s\S]*?(?:```|$)|`[^`\n]*(?:`|(?=\n)|$)/g;
 
 /** Rewrites citation markers to `^1^` / `^1,2^` (numbers in order of appearance, duplicates dropped). */
-export function rewriteCitations(text: string): string {
+export function rewriteCitations(text: string, options: RewriteCitationsOptions = {}): string {
   let out = '';
   let last = 0;
   for (const code of text.matchAll(CODE)) {
-    out += rewriteProse(text.slice(last, code.index)) + code[0];
+    out += rewriteProse(text.slice(last, code.index), options) + code[0];
     last = code.index + code[0].length;
   }
-  return out + rewriteProse(text.slice(last));
+  return out + rewriteProse(text.slice(last), options);
 }
 
-function rewriteProse(text: string): string {
-  return text
-    .replace(SUP, (_sup, numbers: string) => superscript(numbers.match(/\d+/g) ?? []))
-    .replace(BRACKET_RUN, (run: string, offset: number, whole: string) =>
+function rewriteProse(text: string, { sources }: RewriteCitationsOptions): string {
+  const numbersOf = (marker: string) => (marker.match(/\d+/g) ?? []).map(Number);
+  const cited = (numbers: number[]) => sources === undefined || numbers.every((n) => n <= sources);
+  const rewritten = text
+    .replace(SUP, (sup: string) => (cited(numbersOf(sup)) ? superscript(numbersOf(sup)) : sup))
+    .replace(BRACKET_RUN, (run: string, offset: number, whole: string) => {
       // `[1]: https://…` at the start of a line is a markdown reference definition, not a citation.
-      whole[offset + run.length] === ':' && (offset === 0 || whole[offset - 1] === '\n')
-        ? run
-        : superscript(run.match(/\d+/g) ?? []),
-    );
+      const definition = whole[offset + run.length] === ':' && (offset === 0 || whole[offset - 1] === '\n');
+      return definition || !cited(numbersOf(run)) ? run : superscript(numbersOf(run));
+    });
+  if (sources === undefined) return rewritten;
+  return rewritten.replace(PAREN, (paren: string, offset: number, whole: string) => {
+    const lineStart = whole.lastIndexOf('\n', offset - 1) + 1;
+    const afterText = whole.slice(lineStart, offset).trim() !== '';
+    return afterText && cited(numbersOf(paren)) ? superscript(numbersOf(paren)) : paren;
+  });
 }
 
-function superscript(numbers: string[]): string {
-  return `^${[...new Set(numbers.map(Number))].join(',')}^`;
+function superscript(numbers: number[]): string {
+  return `^${[...new Set(numbers)].join(',')}^`;
 }
 
 /**
  * The same rewrite applied to a stream of text deltas. `push` returns the text that is safe to emit now (a
  * possible citation, `<sup>` tag or code marker at the end is held back until the next delta decides it);
  * `flush` returns the rest. The concatenated output equals `rewriteCitations` of the concatenated input.
+ * Finished lines outside code are dropped from the buffer, so the work per delta stays bounded by a line (or
+ * an open code block), not by the whole answer.
  */
-export function createCitationRewriter(): { push(delta: string): string; flush(): string } {
+export function createCitationRewriter(options: RewriteCitationsOptions = {}): {
+  push(delta: string): string;
+  flush(): string;
+} {
   let source = '';
   let emitted = 0;
   const emit = (upTo: number) => {
-    const rewritten = rewriteCitations(source.slice(0, upTo));
+    const rewritten = rewriteCitations(source.slice(0, upTo), options);
     const out = rewritten.slice(emitted);
     emitted = rewritten.length;
+    const boundary = lineBoundary(source.slice(0, upTo));
+    if (boundary > 0) {
+      // Markers never span a line and code state is clean at the boundary: its rewrite is a prefix of the above.
+      emitted -= rewriteCitations(source.slice(0, boundary), options).length;
+      source = source.slice(boundary);
+    }
     return out;
   };
   return {
@@ -68,13 +99,29 @@ export function createCitationRewriter(): { push(delta: string): string; flush()
   };
 }
 
+/** The position after the last line break that is outside every code fence, or 0. */
+function lineBoundary(text: string): number {
+  // Inline code never contains a line break; fences do (an open one runs to the end of the text).
+  const fences = [...text.matchAll(CODE)]
+    .filter((code) => code[0].startsWith('```'))
+    .map((code) => ({ start: code.index, end: code.index + code[0].length }));
+  let boundary = text.lastIndexOf('\n') + 1;
+  for (;;) {
+    const inside = fences.find((fence) => fence.start < boundary && boundary <= fence.end);
+    if (!inside || boundary === 0) return boundary;
+    boundary = text.lastIndexOf('\n', inside.start - 1) + 1;
+  }
+}
+
 /** How many trailing characters could still change meaning with more text. */
 function heldBack(text: string): number {
-  const tail =
-    text.match(/(?:\[[\d\s,]*\]?)+$/) ?? // a citation run, finished or not (a `(` or `[` may follow)
-    text.match(/<(?:s(?:u(?:p(?:>[\d\s,[\]]*(?:<(?:\/(?:s(?:u(?:p)?)?)?)?)?)?)?)?)?$/i) ?? // a `<sup>…</sup>` so far
-    text.match(/`+$/); // a backtick run (inline code or a fence)
-  return tail?.[0].length ?? 0;
+  const tails = [
+    // A citation run, finished or not, with what may follow it: a `(` decides it is a link, and a `(n)` so far.
+    /(?:\[[\d \t,]*\]?)*(?:\([\d \t,]*\)?)?$/,
+    /<(?:s(?:u(?:p(?:>[\d \t,[\]]*(?:<(?:\/(?:s(?:u(?:p)?)?)?)?)?)?)?)?)?$/i, // a `<sup>…</sup>` so far
+    /`+$/, // a backtick run (inline code or a fence)
+  ];
+  return Math.max(...tails.map((tail) => text.match(tail)?.[0].length ?? 0));
 }
 
 /** Longest excerpt of one source placed in the prompt. */
