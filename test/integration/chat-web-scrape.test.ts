@@ -59,6 +59,8 @@ function handler(site: string) {
         return send(404, 'text/html', '<p>not here</p>');
       case '/redirect':
         return send(302, 'text/plain', '', { location: url.searchParams.get('to') ?? '/page.html' });
+      case '/bad-location':
+        return send(302, 'text/plain', '', { location: 'http://[::1' });
       case '/no-location':
         return send(302, 'text/plain', '');
       case '/loop':
@@ -253,6 +255,7 @@ describe('scrape: caps', () => {
     const none = createScraper({ ...CAPS, maxRedirects: 0, allowPrivateNetworks: true });
     expectRefused(await none.scrape(`${local.origin}/redirect`), /more than 0 redirects/);
     expectRefused(await open.scrape(`${local.origin}/no-location`), /without a Location/);
+    expectRefused(await open.scrape(`${local.origin}/bad-location`), /invalid Location/);
   });
 
   test('behavior: a redirect to another scheme is refused', async () => {

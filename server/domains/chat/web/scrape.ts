@@ -165,7 +165,9 @@ export function createScraper(options: ScraperOptions): Scraper {
         if (!location) throw new ScrapeFailure(`HTTP ${status} without a Location header`);
         if (hop >= options.maxRedirects)
           throw new ScrapeFailure(`more than ${options.maxRedirects} redirects`);
-        current = new URL(location, url).href;
+        const next = URL.canParse(location, url) ? new URL(location, url) : undefined;
+        if (!next) throw new ScrapeFailure(`HTTP ${status} with an invalid Location header`);
+        current = next.href;
         continue;
       }
       if (status < 200 || status > 299) {
