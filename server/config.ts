@@ -62,6 +62,15 @@ const variables = z.object({
   ...(Object.fromEntries(
     RPC_NETWORK_SLUGS.map((slug) => [upstreamVariable(slug), upstreamListSchema.optional()]),
   ) as Record<string, z.ZodOptional<typeof upstreamListSchema>>),
+  SEARXNG_URL: z
+    .url()
+    .regex(/^https?:\/\//, 'an http(s) URL')
+    .optional(),
+  SEARCH_TIMEOUT_MS: z.coerce.number().int().min(100).max(120_000).default(10_000),
+  SCRAPE_ALLOW_PRIVATE_NETWORKS: bool.default(false),
+  SCRAPE_MAX_BYTES: z.coerce.number().int().min(1_024).max(50_000_000).default(2_000_000),
+  SCRAPE_TIMEOUT_MS: z.coerce.number().int().min(100).max(120_000).default(10_000),
+  SCRAPE_MAX_REDIRECTS: z.coerce.number().int().min(0).max(20).default(5),
 });
 
 /** Every environment variable the server reads (the README and .env.example document each). */
@@ -107,6 +116,15 @@ const schema = variables.transform((env) => ({
     payToBase: env.X402_PAY_TO_BASE,
     payToSolana: env.X402_PAY_TO_SOLANA,
     solanaFeePayer: env.X402_SOLANA_FEE_PAYER,
+  },
+  /** Web search for chat; `searxngUrl` unset means web search is unavailable. */
+  search: { searxngUrl: env.SEARXNG_URL, timeoutMs: env.SEARCH_TIMEOUT_MS },
+  /** Web scraping for chat: the options of `createScraper`. */
+  scrape: {
+    allowPrivateNetworks: env.SCRAPE_ALLOW_PRIVATE_NETWORKS,
+    maxBytes: env.SCRAPE_MAX_BYTES,
+    timeoutMs: env.SCRAPE_TIMEOUT_MS,
+    maxRedirects: env.SCRAPE_MAX_REDIRECTS,
   },
 }));
 
