@@ -7,11 +7,13 @@ import type { AppDeps } from './app.ts';
 import { loadCatalog } from './catalog/load.ts';
 import { type CatalogService, createCatalogService } from './catalog/service.ts';
 import type { Config } from './config.ts';
+import { type Charges, createCharges } from './domains/billing/charges.ts';
 import { createBillingHandlers } from './domains/billing/handlers.ts';
 import { createCatalogHandlers } from './domains/catalog/handlers.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
 import { discoveryPaymentRequired } from './domains/wallet/discovery.ts';
+import { createWalletDomain, type WalletDomain } from './domains/wallet/index.ts';
 import { createHandlers } from './handlers.ts';
 import type { AuthPorts, Principal } from './http/auth.ts';
 import type { ReplyHeaders } from './http/contract.ts';
@@ -33,6 +35,9 @@ export type Services = {
   keys: ApiKeysRepository;
   ledger: LedgerRepository;
   rateLimits: RateLimitsRepository;
+  /** Reserve -> capture -> release for every paid operation (wallets get the wallet 402). */
+  charges: Charges;
+  wallet: WalletDomain;
   app: AppDeps;
   close(): Promise<void>;
 };
@@ -57,6 +62,21 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   const metrics = createMetrics();
   const tierOf = async (accountId: string) => ((await accounts.get(accountId)).pro ? 'partner' : 'paid');
   const limiter = createRateLimiter({ rateLimits, catalog });
+  const wallet = createWalletDomain({
+    config,
+    database,
+    accounts,
+    ledger,
+    logger,
+    paidOperations: new Set(
+      contract.operations.filter((op) => op.declaresPaymentRequired).map((op) => op.operationId),
+    ),
+  });
+  const charges = createCharges({
+    ledger,
+    reservationTtlMs: config.reservationTtlMs,
+    walletPaymentRequired: wallet.walletPaymentRequired,
+  });
 
   const auth: AuthPorts = {
     async authenticateApiKey(secret) {
@@ -72,6 +92,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
         keyType: result.key.keyType,
       };
     },
+    verifySignInWithX: wallet.verifySignInWithX,
     paymentRequired: (req, op) =>
       discoveryPaymentRequired(
         { publicOrigin: config.publicOrigin, ...config.x402 },
@@ -89,6 +110,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       rateLimitsFor: (tier) => catalog.rateLimits(tier) ?? [],
     }),
     ...createBillingHandlers({ ledger, keys, modelType: (id) => catalog.getModel(id)?.type }),
+    ...wallet.handlers,
   });
 
   metrics.addGauge({
@@ -134,7 +156,10 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     handlers,
     metrics,
     readiness: () => database.ping(),
+    acquireSlot: (input) => wallet.acquireSlot(input),
+    replyHeaders: (input) => wallet.replyHeaders(input),
     async admit({ operationId, principal, body }) {
+      await wallet.admitWallet(operationId, principal);
       const requested = (body as { model?: unknown } | undefined)?.model;
       const model = typeof requested === 'string' ? requested : undefined;
       const inference = inferenceOperations.has(operationId);
@@ -155,6 +180,8 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     keys,
     ledger,
     rateLimits,
+    charges,
+    wallet,
     app,
     close: () => database.close(),
   };
