@@ -20,6 +20,7 @@ import type { ReplyHeaders } from './http/contract.ts';
 import { loadContract } from './http/spec.ts';
 import { formatUsdFixed, nanoToUsdNumber } from './money.ts';
 import { createMetrics } from './observability/metrics.ts';
+import type { Facilitator } from './providers/x402/facilitator.ts';
 import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
 import { createDatabase, type Database } from './storage/database.ts';
@@ -42,7 +43,16 @@ export type Services = {
   close(): Promise<void>;
 };
 
-export async function createServices(config: Config, logger: Logger): Promise<Services> {
+export type ServicesOptions = {
+  /** Replaces the x402 facilitator the configuration describes (tests). */
+  facilitator?: Facilitator;
+};
+
+export async function createServices(
+  config: Config,
+  logger: Logger,
+  options: ServicesOptions = {},
+): Promise<Services> {
   const contract = loadContract();
   const catalog = createCatalogService(
     loadCatalog(config.serviceConfigPath ? { overridePath: config.serviceConfigPath } : {}),
@@ -68,6 +78,8 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     accounts,
     ledger,
     logger,
+    ...(options.facilitator ? { facilitator: options.facilitator } : {}),
+    housekeepingIntervalMs: 60_000,
     paidOperations: new Set(
       contract.operations.filter((op) => op.declaresPaymentRequired).map((op) => op.operationId),
     ),
@@ -183,6 +195,9 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     charges,
     wallet,
     app,
-    close: () => database.close(),
+    close: () => {
+      wallet.close();
+      return database.close();
+    },
   };
 }

@@ -10,11 +10,20 @@ import { nanoToUsdNumber } from '../../money.ts';
 import { normalizeWalletAddress } from '../../storage/accounts.ts';
 import type { LedgerRepository } from '../../storage/ledger.ts';
 import { MINIMUM_BALANCE_NANO, MINIMUM_TOP_UP_USD, SUGGESTED_TOP_UP_USD } from './payment-required.ts';
+import type { TopUpService } from './top-up.ts';
 
 export type WalletHandlersDeps = {
   ledger: LedgerRepository;
-  topUpX402Balance?: HandlerTable['topUpX402Balance'];
+  publicOrigin: string;
+  /** Undefined when no facilitator or pay-to address is configured: the top-up answers 503. */
+  topUp: TopUpService | undefined;
 };
+
+/** The payment header under its current or legacy names. */
+function paymentHeader(headers: Record<string, string | string[] | undefined>): string | undefined {
+  const value = headers['payment-signature'] ?? headers['x-402-payment'] ?? headers['x-payment'];
+  return Array.isArray(value) ? value[0] : value;
+}
 
 /** The signed-in wallet, which must be the wallet of the path (403 otherwise). */
 export function ownWallet(principal: Principal | undefined, walletAddress: string): WalletPrincipal {
@@ -29,8 +38,7 @@ export function ownWallet(principal: Principal | undefined, walletAddress: strin
 
 export function createWalletHandlers(
   deps: WalletHandlersDeps,
-): Pick<HandlerTable, 'getX402Balance' | 'listX402Transactions'> &
-  Partial<Pick<HandlerTable, 'topUpX402Balance'>> {
+): Pick<HandlerTable, 'getX402Balance' | 'listX402Transactions' | 'topUpX402Balance'> {
   const { ledger } = deps;
 
   /** Spendable USD credit: the balance minus what in-flight requests hold. */
@@ -90,6 +98,25 @@ export function createWalletHandlers(
       };
     },
 
-    ...(deps.topUpX402Balance ? { topUpX402Balance: deps.topUpX402Balance } : {}),
+    async topUpX402Balance(ctx) {
+      if (!deps.topUp) {
+        throw new ApiError(
+          503,
+          'Wallet top-up is not configured on this server: set X402_PAY_TO_BASE or X402_PAY_TO_SOLANA and a facilitator (X402_FACILITATOR_URL, or X402_BASE_RPC_URL with X402_FACILITATOR_PRIVATE_KEY, or X402_SOLANA_RPC_URL with X402_SOLANA_FACILITATOR_PRIVATE_KEY)',
+          { code: 'X402_NOT_CONFIGURED' },
+        );
+      }
+      const amountUsd = ctx.body?.amountUsd;
+      const resourceUrl = `${deps.publicOrigin}/api/v1/x402/top-up`;
+      const header = paymentHeader(ctx.headers);
+      if (!header) {
+        const offer = await deps.topUp.offer(amountUsd, resourceUrl);
+        throw new ApiError(402, offer.body.error, {
+          body: offer.body,
+          headers: { 'PAYMENT-REQUIRED': offer.header },
+        });
+      }
+      return deps.topUp.pay(header, amountUsd, resourceUrl);
+    },
   };
 }
