@@ -382,9 +382,10 @@ export function createTopUpService(deps: TopUpDeps) {
       if (result instanceof ApiError || 'status' in result) return raise(result);
       await payments.markFailed(key, result.errorReason ?? 'settlement failed');
       const fresh = await paymentRequired(amount.atomic, resourceUrl, 'Payment settlement failed');
+      logger.warn({ reason: result.errorReason, detail: result.errorMessage }, 'x402 settlement failed');
       throw new ApiError(
         402,
-        `Payment settlement failed: ${result.errorMessage ?? result.errorReason ?? 'the transfer was not settled'}; sign a new payment`,
+        `Payment settlement failed (${result.errorReason ?? 'the transfer was not settled'}); nothing was charged: sign a new payment`,
         { code: 'SETTLEMENT_FAILED', headers: { 'PAYMENT-REQUIRED': fresh.header } },
       );
     },
