@@ -71,6 +71,21 @@ const variables = z.object({
   SCRAPE_MAX_BYTES: z.coerce.number().int().min(1_024).max(50_000_000).default(2_000_000),
   SCRAPE_TIMEOUT_MS: z.coerce.number().int().min(100).max(120_000).default(10_000),
   SCRAPE_MAX_REDIRECTS: z.coerce.number().int().min(0).max(20).default(5),
+  X402_FACILITATOR_URL: z.url().optional(),
+  X402_BASE_RPC_URL: z.url().optional(),
+  X402_FACILITATOR_PRIVATE_KEY: z
+    .string()
+    .regex(/^0x[0-9a-fA-F]{64}$/, 'a 32-byte hex private key (0x…)')
+    .optional(),
+  X402_SOLANA_RPC_URL: z.url().optional(),
+  X402_SOLANA_FACILITATOR_PRIVATE_KEY: z
+    .string()
+    .regex(/^[1-9A-HJ-NP-Za-km-z]{64,90}$/, 'a base58 64-byte Solana secret key')
+    .optional(),
+  X402_EIP6492_FACTORIES: z
+    .string()
+    .regex(/^(0x[0-9a-fA-F]{40})(,0x[0-9a-fA-F]{40})*$/, 'comma-separated EVM addresses')
+    .optional(),
 });
 
 /** Every environment variable the server reads (the README and .env.example document each). */
@@ -116,6 +131,12 @@ const schema = variables.transform((env) => ({
     payToBase: env.X402_PAY_TO_BASE,
     payToSolana: env.X402_PAY_TO_SOLANA,
     solanaFeePayer: env.X402_SOLANA_FEE_PAYER,
+    facilitatorUrl: env.X402_FACILITATOR_URL,
+    baseRpcUrl: env.X402_BASE_RPC_URL,
+    facilitatorPrivateKey: env.X402_FACILITATOR_PRIVATE_KEY as `0x${string}` | undefined,
+    solanaRpcUrl: env.X402_SOLANA_RPC_URL,
+    solanaFacilitatorPrivateKey: env.X402_SOLANA_FACILITATOR_PRIVATE_KEY,
+    eip6492Factories: env.X402_EIP6492_FACTORIES?.split(',') ?? [],
   },
   /** Web search for chat; `searxngUrl` unset means web search is unavailable. */
   search: { searxngUrl: env.SEARXNG_URL, timeoutMs: env.SEARCH_TIMEOUT_MS },
