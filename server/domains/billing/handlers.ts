@@ -2,9 +2,11 @@
  * Billing: the account's balance, its usage history (cursor pages, JSON or CSV) and usage analytics, all
  * read from the one ledger. Amounts leave as USD numbers; everything inside stays integer nano-USD.
  */
+
 import type { BillingUsageAnalytics, BillingUsageEntry } from '../../../generated/api.d.ts';
 import type { HandlerTable } from '../../http/contract.ts';
 import { badRequest } from '../../http/errors.ts';
+import { preferredMediaType } from '../../http/negotiate.ts';
 import { NANO_PER_USD, nanoToUsdNumber } from '../../money.ts';
 import type { ApiKeysRepository } from '../../storage/api-keys.ts';
 import type { Currency, LedgerEntry, LedgerRepository } from '../../storage/ledger.ts';
@@ -254,7 +256,7 @@ export function createBillingHandlers(
         'x-pagination-total-pages': Math.ceil(total / cursor.size),
         ...(nextCursor ? { 'x-next-cursor': nextCursor } : {}),
       };
-      if (/\btext\/csv\b/.test(String(headers.accept ?? ''))) {
+      if (preferredMediaType(headers.accept, ['application/json', 'text/csv']) === 'text/csv') {
         const stamp = new Date(now()).toISOString().replace(/[-:]/g, '').replace(/\.\d+/, '');
         return {
           status: 200,
