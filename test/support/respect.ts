@@ -13,7 +13,14 @@ export type RespectResult = { code: number; output: string; failedSteps: string[
 
 export async function runWorkflows(
   file: string,
-  options: { server: string; inputs?: Record<string, string>; workflows?: string[]; timeoutMs?: number },
+  options: {
+    server: string;
+    inputs?: Record<string, string>;
+    workflows?: string[];
+    timeoutMs?: number;
+    /** Check severities, e.g. `{ SUCCESS_CRITERIA_CHECK: 'warn' }` for the mock (it answers with examples). */
+    severity?: Record<string, 'error' | 'warn' | 'off'>;
+  },
 ): Promise<RespectResult> {
   const jsonOut = join(tmpdir(), `respect-${process.pid}-${Date.now()}.json`);
   const args = [
@@ -28,6 +35,7 @@ export async function runWorkflows(
   ];
   for (const [name, value] of Object.entries(options.inputs ?? {})) args.push('--input', `${name}=${value}`);
   for (const workflow of options.workflows ?? []) args.push('--workflow', workflow);
+  if (options.severity) args.push('--severity', JSON.stringify(options.severity));
   const { code, output } = await new Promise<{ code: number; output: string }>((resolve) => {
     execFile(
       join(repoRoot, 'node_modules', '.bin', 'redocly'),
@@ -50,13 +58,19 @@ export async function runWorkflows(
     const report = JSON.parse(readFileSync(jsonOut, 'utf8')) as {
       files?: Record<
         string,
-        { executedWorkflows?: { executedSteps?: { stepId: string; checks?: { passed: boolean }[] }[] }[] }
+        {
+          executedWorkflows?: {
+            executedSteps?: { stepId: string; checks?: { passed: boolean; severity?: string }[] }[];
+          }[];
+        }
       >;
     };
     for (const fileReport of Object.values(report.files ?? {})) {
       for (const workflow of fileReport.executedWorkflows ?? []) {
         for (const step of workflow.executedSteps ?? []) {
-          (step.checks?.every((c) => c.passed) ? passedSteps : failedSteps).push(step.stepId);
+          // A failed check at severity `warn` (or `off`) does not fail the step.
+          const failed = step.checks?.some((c) => !c.passed && (c.severity ?? 'error') === 'error');
+          (failed ? failedSteps : passedSteps).push(step.stepId);
         }
       }
     }
