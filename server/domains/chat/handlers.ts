@@ -342,7 +342,12 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
       const principal = ctx.principal;
       if (!principal) throw new ApiError(401, 'Authentication failed', { code: 'AUTHENTICATION_FAILED' });
       const body = ctx.body as ChatCompletionRequest;
-      const prepared = await chat.prepare({ body, principal, requestId: ctx.requestId });
+      const sent = ctx.sentBody?.service_parameters as ChatCompletionRequest['service_parameters'];
+      const prepared = await chat.prepare({
+        body: { ...body, service_parameters: sent ?? {} },
+        principal,
+        requestId: ctx.requestId,
+      });
       return body.stream ? stream(ctx, prepared) : complete(ctx, prepared);
     },
   };

@@ -346,6 +346,8 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
 
       for (let index = 0; index < request.n; index++) {
         const random = rng(baseSeed * 31 + index);
+        // Length and sentence breaks follow the prompt, so a greedy draw gives one answer whatever the seed.
+        const shape = rng(hash32(`${lastUserText(request.messages)}\u0000${index}`));
         const sampler = createSampler(request, random, promptWords, LEXICON);
         const budget = request.maxTokens;
         const plan: PlannedToken[] = [];
@@ -354,7 +356,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
           const words = EFFORT_WORDS[reasoning.effort ?? 'medium'] ?? 40;
           const thought = sentences(
             createSampler(request, random, promptWords, REASONING_LEXICON),
-            random,
+            shape,
             words,
           );
           if (reasoning.tags) {
@@ -426,9 +428,9 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
           if (finish !== 'length') finish = 'tool_calls';
         } else if (finish !== 'length') {
           const toolResult = request.messages[request.messages.length - 1]?.role === 'tool';
-          const words = requested ? Math.min(20_000, Number(requested[1])) : 24 + Math.floor(random() * 40);
+          const words = requested ? Math.min(20_000, Number(requested[1])) : 24 + Math.floor(shape() * 40);
           const intro = toolResult ? `${LOCAL_PREFIX} Based on the tool result:` : LOCAL_PREFIX;
-          const body = sentences(sampler, random, words);
+          const body = sentences(sampler, shape, words);
           const first = body[0];
           if (first) first.text = ` ${first.text}`;
           const pieces = [fixedPiece(intro), ...body];
