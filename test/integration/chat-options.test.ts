@@ -33,7 +33,8 @@ async function chat(body: Record<string, unknown>, options: { key?: string; base
   return { response, json: (await response.json()) as Answer };
 }
 
-const content = (a: Answer, i = 0) => (a.choices?.[i]?.message as { content?: string | null }).content ?? '';
+const content = (a: Answer, i = 0) =>
+  (a.choices?.[i]?.message as { content?: string | null } | undefined)?.content ?? '';
 const message = (a: Answer, i = 0) =>
   a.choices?.[i]?.message as { content: string | null; reasoning_content?: string | null };
 

@@ -90,7 +90,7 @@ function route(req: IncomingMessage, res: ServerResponse) {
       // `alpha`, `beta`, …: a well-behaved upstream that names itself.
       sse();
       res.write(chunk(`served by ${name}`));
-      res.end(finish + usage + 'data: [DONE]\n\n');
+      res.end(`${finish}${usage}data: [DONE]\n\n`);
     }
   }
 }
