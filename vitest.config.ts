@@ -23,6 +23,17 @@ export default defineConfig({
         },
       },
       {
+        // The JSON integration suites again, through Prism's validation proxy in front of the real server
+        // (test/support/server.ts): an independent check of every response against the contract.
+        test: {
+          name: 'proxy',
+          include: ['test/integration/api.test.ts'],
+          env: { VIA_PRISM_PROXY: '1' },
+          testTimeout: 60_000,
+          hookTimeout: 120_000,
+        },
+      },
+      {
         test: {
           name: 'contract',
           include: ['test/contract/**/*.test.ts'],

@@ -7,7 +7,6 @@
  * Prism's documented error; a valid one gets the chunk examples of `ChatCompletionChunk` as `data:` frames,
  * then `data: [DONE]`. The front also accepts paths with or without the `/api/v1` base path.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import {
   createServer,
@@ -16,12 +15,12 @@ import {
   request,
   type ServerResponse,
 } from 'node:http';
-import { createRequire } from 'node:module';
-import { type AddressInfo, connect } from 'node:net';
+import type { AddressInfo } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse } from 'yaml';
 import { isPublic, loadContract } from '../server/http/spec.ts';
+import { startPrism } from './prism.ts';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 export const BASE_PATH = '/api/v1';
@@ -100,14 +99,8 @@ export async function startMock(options: MockOptions = {}): Promise<RunningMock>
   const chunks = loadChunkExamples(specPath);
   const contract = loadContract(specPath);
   const discovery = loadDiscoveryExample(specPath);
-  const prismPort = await freePort(host);
-  const prism = spawnPrism(specPath, host, prismPort, log);
-  try {
-    await waitForPort(host, prismPort, prism, 60_000);
-  } catch (error) {
-    await stopChild(prism);
-    throw error;
-  }
+  const prism = await startPrism({ mode: 'mock', specPath, host, log });
+  const prismPort = prism.port;
 
   const server = createServer((req, res) => {
     handle(req, res).catch((error: unknown) => {
@@ -219,17 +212,15 @@ export async function startMock(options: MockOptions = {}): Promise<RunningMock>
     server.listen(options.port ?? 4010, host, () => resolvePromise());
   });
   const port = (server.address() as AddressInfo).port;
-  const pid = prism.pid;
-  if (pid === undefined) throw new Error('Prism did not start');
 
   return {
     url: `http://${host}:${port}${BASE_PATH}`,
     port,
-    prismPid: pid,
+    prismPid: prism.pid,
     async close() {
       server.closeAllConnections();
       await new Promise<void>((resolvePromise) => server.close(() => resolvePromise()));
-      await stopChild(prism);
+      await prism.stop();
     },
   };
 }
@@ -254,67 +245,6 @@ function parseJson(body: Buffer): unknown {
   } catch {
     return undefined;
   }
-}
-
-function spawnPrism(specPath: string, host: string, port: number, log: (line: string) => void): ChildProcess {
-  const require = createRequire(import.meta.url);
-  const pkgPath = require.resolve('@stoplight/prism-cli/package.json');
-  const pkg = JSON.parse(readFileSync(pkgPath, 'utf8')) as { bin: string | Record<string, string> };
-  const binRel = typeof pkg.bin === 'string' ? pkg.bin : (pkg.bin.prism ?? Object.values(pkg.bin)[0]);
-  if (!binRel) throw new Error('@stoplight/prism-cli has no bin entry');
-  const child = spawn(
-    process.execPath,
-    [join(dirname(pkgPath), binRel), 'mock', specPath, '--host', host, '--port', String(port), '--errors'],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
-  const forwardLines = (chunk: Buffer) => {
-    for (const line of chunk.toString('utf8').split('\n')) if (line.trim()) log(`prism: ${line}`);
-  };
-  child.stdout?.on('data', forwardLines);
-  child.stderr?.on('data', forwardLines);
-  return child;
-}
-
-async function freePort(host: string): Promise<number> {
-  const probe = createServer();
-  await new Promise<void>((resolvePromise) => probe.listen(0, host, () => resolvePromise()));
-  const { port } = probe.address() as AddressInfo;
-  await new Promise<void>((resolvePromise) => probe.close(() => resolvePromise()));
-  return port;
-}
-
-/** Polls until the port accepts connections (Prism prints nothing at quiet log levels). */
-async function waitForPort(
-  host: string,
-  port: number,
-  child: ChildProcess,
-  timeoutMs: number,
-): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    if (child.exitCode !== null) throw new Error(`Prism exited with code ${child.exitCode} before listening`);
-    const open = await new Promise<boolean>((resolvePromise) => {
-      const socket = connect(port, host);
-      socket.once('connect', () => {
-        socket.destroy();
-        resolvePromise(true);
-      });
-      socket.once('error', () => resolvePromise(false));
-    });
-    if (open) return;
-    await sleep(100);
-  }
-  throw new Error(`Prism did not listen on ${host}:${port} within ${timeoutMs} ms`);
-}
-
-/** Stops a child by its pid: SIGTERM, then SIGKILL if it lingers. */
-export async function stopChild(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const exited = new Promise<void>((resolvePromise) => child.once('exit', () => resolvePromise()));
-  child.kill('SIGTERM');
-  const timer = setTimeout(() => child.kill('SIGKILL'), 3_000);
-  await exited;
-  clearTimeout(timer);
 }
 
 async function readBody(req: IncomingMessage): Promise<Buffer | undefined> {

@@ -87,13 +87,15 @@ logger.info(
 );
 
 // Housekeeping every minute: reservations of requests that never finished (a crash) are released when they
-// expire; rate-limit windows older than a day and refusal-log entries older than 30 days are dropped.
+// expire; rate-limit windows older than a day, refusal-log entries older than 30 days and expired idempotency
+// records are dropped.
 const sweep = setInterval(() => {
   const now = Date.now();
   Promise.all([
     services.ledger.expireReservations(now),
     services.rateLimits.prune(now - 2 * 86_400_000),
     services.rateLimits.pruneEvents(now - 30 * 86_400_000),
+    services.idempotency.prune(now),
   ])
     .then(([released]) =>
       released > 0 ? logger.info({ released }, 'expired reservations released') : undefined,

@@ -26,6 +26,7 @@ import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
 import { createDatabase, type Database } from './storage/database.ts';
 import { createLedger, type LedgerRepository } from './storage/ledger.ts';
+import { createIdempotency, type IdempotencyStore } from './storage/idempotency.ts';
 import { migrate } from './storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from './storage/rate-limits.ts';
 
@@ -37,6 +38,7 @@ export type Services = {
   keys: ApiKeysRepository;
   ledger: LedgerRepository;
   rateLimits: RateLimitsRepository;
+  idempotency: IdempotencyStore;
   app: AppDeps;
   close(): Promise<void>;
 };
@@ -58,6 +60,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   const keys = createApiKeys(database);
   const ledger = createLedger(database);
   const rateLimits = createRateLimits(database);
+  const idempotency = createIdempotency(database);
   const metrics = createMetrics();
   const tierOf = async (accountId: string) => ((await accounts.get(accountId)).pro ? 'partner' : 'paid');
   const limiter = createRateLimiter({ rateLimits, catalog });
@@ -170,6 +173,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     keys,
     ledger,
     rateLimits,
+    idempotency,
     app,
     close: () => database.close(),
   };

@@ -3,6 +3,7 @@ export * from './accounts.ts';
 export * from './api-keys.ts';
 export * from './database.ts';
 export * from './errors.ts';
+export * from './idempotency.ts';
 export type { RepositoryOptions } from './internal.ts';
 export * from './ledger.ts';
 export * from './migrations.ts';

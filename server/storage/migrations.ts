@@ -208,10 +208,40 @@ function core(dialect: Dialect): Migration {
   };
 }
 
+/** Idempotency records: one row per (caller, operation, Idempotency-Key); the primary key decides who runs. */
+function idempotency(): Migration {
+  return {
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable('idempotency_records')
+        .addColumn('principal', 'text', (c) => c.notNull())
+        .addColumn('operation', 'text', (c) => c.notNull())
+        .addColumn('idem_key', 'text', (c) => c.notNull())
+        .addColumn('request_hash', 'text', (c) => c.notNull())
+        .addColumn('state', 'text', (c) => c.notNull().check(inList('state', ['in_flight', 'completed'])))
+        .addColumn('owner', 'text', (c) => c.notNull())
+        .addColumn('lease_until_ms', 'bigint', (c) => c.notNull())
+        .addColumn('expires_at_ms', 'bigint', (c) => c.notNull())
+        .addColumn('status', 'integer')
+        .addColumn('headers', 'text')
+        .addColumn('body', 'text')
+        .addColumn('created_at_ms', 'bigint', (c) => c.notNull())
+        .addPrimaryKeyConstraint('idempotency_records_pk', ['principal', 'operation', 'idem_key'])
+        .execute();
+      await db.schema
+        .createIndex('idempotency_records_expiry_idx')
+        .on('idempotency_records')
+        .columns(['expires_at_ms'])
+        .execute();
+    },
+  };
+}
+
 /** Every migration, by name; names sort in the order they run. */
 export function storageMigrations(dialect: Dialect): Record<string, Migration> {
   return {
     '0001_core': core(dialect),
+    '0002_idempotency': idempotency(),
   };
 }
 

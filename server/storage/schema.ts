@@ -104,6 +104,23 @@ export interface RateLimitEventsTable {
   created_at_ms: Int;
 }
 
+export interface IdempotencyRecordsTable {
+  principal: string;
+  operation: string;
+  idem_key: string;
+  request_hash: string;
+  state: 'in_flight' | 'completed';
+  /** A random token of the request that holds the record; complete/abandon only act for their owner. */
+  owner: string;
+  lease_until_ms: Int;
+  expires_at_ms: Int;
+  status: Int | null;
+  /** JSON object of the stored response headers. */
+  headers: string | null;
+  body: string | null;
+  created_at_ms: Int;
+}
+
 export interface Tables {
   accounts: AccountsTable;
   diem_usage: DiemUsageTable;
@@ -112,4 +129,5 @@ export interface Tables {
   ledger_entries: LedgerEntriesTable;
   rate_limit_counters: RateLimitCountersTable;
   rate_limit_events: RateLimitEventsTable;
+  idempotency_records: IdempotencyRecordsTable;
 }

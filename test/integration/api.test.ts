@@ -3,23 +3,20 @@
  * and the catalogue. Response validation is on, so every body here was also checked against the contract.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createApp } from '../../server/app.ts';
 import { bootstrap } from '../../server/bootstrap.ts';
-import { loadConfig } from '../../server/config.ts';
 import { createCharges } from '../../server/domains/billing/charges.ts';
 import { createRateLimiter } from '../../server/domains/limits/rate-limiter.ts';
-import { createServices, type Services } from '../../server/services.ts';
+import type { Services } from '../../server/services.ts';
 import { ContractValidator, loadBundle } from '../support/contract.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { type StartedServer, startServer, TEST_ADMIN_KEY } from '../support/server.ts';
 
 const validator = new ContractValidator(loadBundle());
 
-const ADMIN = 'svc_admin_bootstrap_secret_for_tests_0123456789';
+const ADMIN = TEST_ADMIN_KEY;
 let postgres: StartedPostgres | undefined;
 const scratch = mkdtempSync(join(tmpdir(), 'api-test-'));
 
@@ -40,42 +37,18 @@ async function databaseUrl(engine: Engine, name: string): Promise<string> {
   return postgres.createDatabase(name);
 }
 
-async function startServer(url: string, env: Record<string, string> = {}) {
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    LOG_LEVEL: 'silent',
-    DATABASE_URL: url,
-    ADMIN_API_KEY: ADMIN,
-    BOOTSTRAP_BALANCE_USD: '10',
-    ...env,
-  });
-  const services = await createServices(config, pino({ level: 'silent' }));
-  await bootstrap(services, {
-    adminApiKey: config.adminApiKey,
-    bootstrapBalanceUsd: config.bootstrapBalanceUsd,
-  });
-  const server = createApp(services.app).listen(0, '127.0.0.1');
-  await new Promise<void>((resolve) => server.once('listening', () => resolve()));
-  const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
-  return {
-    services,
-    base,
-    async close() {
-      server.closeAllConnections();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-      await services.close();
-    },
-  };
-}
-
 describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
-  let server: Awaited<ReturnType<typeof startServer>>;
+  let server: StartedServer;
   let services: Services;
-  const call = async (path: string, init: RequestInit & { key?: string } = {}) => {
+  /** `direct` bypasses the Prism proxy (when on): it answers credential-less requests itself with 401. */
+  const call = async (path: string, init: RequestInit & { key?: string; direct?: boolean } = {}) => {
     const headers = new Headers(init.headers);
     if (init.key) headers.set('authorization', `Bearer ${init.key}`);
     if (init.body) headers.set('content-type', 'application/json');
-    const response = await fetch(`${server.base}${path}`, { ...init, headers });
+    const response = await fetch(`${init.direct ? server.directBase : server.base}${path}`, {
+      ...init,
+      headers,
+    });
     const text = await response.text();
     const isJson = (response.headers.get('content-type') ?? '').includes('json');
     return {
@@ -424,7 +397,7 @@ describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
 
   describe('operations surface', () => {
     test('behavior: /readyz reaches the database and /metrics reports ledger totals', async () => {
-      const origin = server.base.replace(/\/api\/v1$/, '');
+      const origin = server.origin;
       expect((await fetch(`${origin}/readyz`)).status).toBe(200);
       const metrics = await (await fetch(`${origin}/metrics`)).text();
       expect(metrics).toMatch(/ledger_usd\{kind="balance"\} \d/);
@@ -437,6 +410,7 @@ describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
       const r = await call('/chat/completions', {
         method: 'POST',
         key: ADMIN,
+        direct: true,
         body: JSON.stringify({ model: 'deepseek-r1-671b', messages: [{ role: 'user', content: 'hi' }] }),
       });
       expect(r.headers.get('x-service-balance-usd')).toMatch(/^\d+\.\d{8}$/);
@@ -446,6 +420,7 @@ describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
       const current = await call('/chat/completions', {
         method: 'POST',
         key: ADMIN,
+        direct: true,
         body: JSON.stringify({ model: 'llama-3.3-70b', messages: [{ role: 'user', content: 'hi' }] }),
       });
       expect(current.headers.get('x-service-model-deprecation-warning')).toBeNull();
@@ -467,7 +442,7 @@ describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
     });
 
     test('behavior: characters need a key, page with x-pagination headers, and resolve by slug', async () => {
-      expect((await call('/characters')).status).toBe(402);
+      expect((await call('/characters', { direct: true })).status).toBe(402);
       const list = await call('/characters?limit=2', { key: ADMIN });
       expect(list.body.data).toHaveLength(2);
       expect(Number(list.headers.get('x-pagination-total'))).toBeGreaterThanOrEqual(2);

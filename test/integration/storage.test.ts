@@ -23,8 +23,9 @@ import {
   NothingToRefundError,
   ReservationStateError,
 } from '../../server/storage/errors.ts';
+import { createIdempotency, hashRequestBody } from '../../server/storage/idempotency.ts';
 import { createLedger, type LedgerRepository } from '../../server/storage/ledger.ts';
-import { migrate } from '../../server/storage/migrations.ts';
+import { migrate, storageMigrations } from '../../server/storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from '../../server/storage/rate-limits.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
 
@@ -209,7 +210,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
       const { rows } = await sql<{ n: number | bigint }>`select count(*) as n from kysely_migration`.execute(
         database.db,
       );
-      expect(Number(rows[0]?.n)).toBe(1);
+      expect(Number(rows[0]?.n)).toBe(Object.keys(storageMigrations(database.dialect)).length);
     });
 
     test('behavior: ping answers and the database enforces its constraints', async () => {
@@ -969,6 +970,84 @@ describe.each(engines)('storage on %s', (engine, open) => {
       expect(await limits.listEvents(account.id, 2)).toHaveLength(2);
       expect(await limits.pruneEvents(T0 + 1)).toBeGreaterThanOrEqual(1);
       expect((await limits.listEvents(account.id)).map((e) => e.limitType)).toEqual(['RPD', 'TPM']);
+    });
+  });
+
+  describe('idempotency', () => {
+    const HOUR = 3_600_000;
+    const scope = (key: string) => ({ principal: 'acct_1:key_1', operation: 'op', key });
+    const response = { status: 200, headers: { 'content-type': 'application/json' }, body: '{"ok":true}' };
+
+    test('behavior: the first request runs; the same body replays the stored response, a different one mismatches', async () => {
+      const store = createIdempotency(database, clock);
+      const hash = hashRequestBody({ b: 1, a: [1, { y: 2, x: 1 }] });
+      expect(hashRequestBody({ a: [1, { x: 1, y: 2 }], b: 1 })).toBe(hash);
+      const first = await store.begin(scope('k1'), { requestHash: hash });
+      expect(first.kind).toBe('started');
+      expect(await store.begin(scope('k1'), { requestHash: hash })).toEqual({ kind: 'in_flight' });
+      expect(await store.begin(scope('k1'), { requestHash: hashRequestBody({ b: 2 }) })).toEqual({
+        kind: 'mismatch',
+      });
+      expect(await store.complete(scope('k1'), response, first.kind === 'started' ? first.owner : '')).toBe(
+        true,
+      );
+      expect(await store.begin(scope('k1'), { requestHash: hash })).toEqual({ kind: 'replay', response });
+      // Another caller with the same key is independent.
+      expect((await store.begin({ ...scope('k1'), principal: 'acct_2' }, { requestHash: hash })).kind).toBe(
+        'started',
+      );
+      // After 24 hours the key is free again, also for a different body.
+      nowMs = T0 + 24 * HOUR;
+      expect((await store.begin(scope('k1'), { requestHash: hashRequestBody({ b: 2 }) })).kind).toBe(
+        'started',
+      );
+    });
+
+    test('behavior: abandon frees the key; a dead owner is taken over after the lease, and loses its record', async () => {
+      const store = createIdempotency(database, clock);
+      const hash = hashRequestBody({ q: 1 });
+      const first = await store.begin(scope('k2'), { requestHash: hash });
+      expect(await store.abandon(scope('k2'))).toBe(true);
+      const second = await store.begin(scope('k2'), { requestHash: hash });
+      expect(second.kind).toBe('started');
+      expect(first).not.toEqual(second);
+      nowMs = T0 + 5 * 60_000 - 1;
+      expect(await store.begin(scope('k2'), { requestHash: hash })).toEqual({ kind: 'in_flight' });
+      nowMs = T0 + 5 * 60_000;
+      const third = await store.begin(scope('k2'), { requestHash: hash });
+      expect(third.kind).toBe('started');
+      // The old owner can no longer complete or abandon it.
+      const oldOwner = second.kind === 'started' ? second.owner : '';
+      expect(await store.complete(scope('k2'), response, oldOwner)).toBe(false);
+      expect(await store.abandon(scope('k2'), oldOwner)).toBe(false);
+      expect(await store.complete(scope('k2'), response, third.kind === 'started' ? third.owner : '')).toBe(
+        true,
+      );
+      expect(await store.prune(T0 + 25 * HOUR)).toBeGreaterThanOrEqual(1);
+      expect((await store.begin(scope('k2'), { requestHash: hash })).kind).toBe('started');
+    });
+
+    test('behavior: 40 concurrent requests with one key from two instances: exactly one runs', async () => {
+      const store = createIdempotency(database, clock);
+      const otherStore = other ? createIdempotency(other, clock) : store;
+      const hash = hashRequestBody({ race: true });
+      const results = await Promise.all(
+        Array.from({ length: 40 }, (_, i) =>
+          (i % 2 ? otherStore : store).begin(scope('race'), { requestHash: hash }),
+        ),
+      );
+      expect(results.filter((r) => r.kind === 'started')).toHaveLength(1);
+      expect(results.filter((r) => r.kind === 'in_flight')).toHaveLength(39);
+    });
+
+    test('behavior: an invalid key is refused', async () => {
+      const store = createIdempotency(database, clock);
+      await expect(store.begin(scope('bad key!'), { requestHash: 'x' })).rejects.toBeInstanceOf(
+        InvalidInputError,
+      );
+      await expect(store.begin(scope('k'.repeat(256)), { requestHash: 'x' })).rejects.toBeInstanceOf(
+        InvalidInputError,
+      );
     });
   });
 
