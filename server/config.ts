@@ -53,6 +53,15 @@ const variables = z.object({
   CHAT_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(300_000),
   UPSTREAM_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(120_000),
   LOCAL_CHAT_TOKEN_DELAY_MS: z.coerce.number().int().min(0).max(1_000).default(0),
+  SEARXNG_URL: z
+    .url()
+    .regex(/^https?:\/\//, 'an http(s) URL')
+    .optional(),
+  SEARCH_TIMEOUT_MS: z.coerce.number().int().min(100).max(120_000).default(10_000),
+  SCRAPE_ALLOW_PRIVATE_NETWORKS: bool.default(false),
+  SCRAPE_MAX_BYTES: z.coerce.number().int().min(1_024).max(50_000_000).default(2_000_000),
+  SCRAPE_TIMEOUT_MS: z.coerce.number().int().min(100).max(120_000).default(10_000),
+  SCRAPE_MAX_REDIRECTS: z.coerce.number().int().min(0).max(20).default(5),
 });
 
 /** Every environment variable the server reads (the README and .env.example document each). */
@@ -86,6 +95,15 @@ const schema = variables.transform((env) => ({
     payToBase: env.X402_PAY_TO_BASE,
     payToSolana: env.X402_PAY_TO_SOLANA,
     solanaFeePayer: env.X402_SOLANA_FEE_PAYER,
+  },
+  /** Web search for chat; `searxngUrl` unset means web search is unavailable. */
+  search: { searxngUrl: env.SEARXNG_URL, timeoutMs: env.SEARCH_TIMEOUT_MS },
+  /** Web scraping for chat: the options of `createScraper`. */
+  scrape: {
+    allowPrivateNetworks: env.SCRAPE_ALLOW_PRIVATE_NETWORKS,
+    maxBytes: env.SCRAPE_MAX_BYTES,
+    timeoutMs: env.SCRAPE_TIMEOUT_MS,
+    maxRedirects: env.SCRAPE_MAX_REDIRECTS,
   },
 }));
 

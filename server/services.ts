@@ -25,8 +25,8 @@ import { createMetrics } from './observability/metrics.ts';
 import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
 import { createDatabase, type Database } from './storage/database.ts';
-import { createLedger, type LedgerRepository } from './storage/ledger.ts';
 import { createIdempotency, type IdempotencyStore } from './storage/idempotency.ts';
+import { createLedger, type LedgerRepository } from './storage/ledger.ts';
 import { migrate } from './storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from './storage/rate-limits.ts';
 
