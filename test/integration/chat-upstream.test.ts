@@ -123,6 +123,7 @@ beforeAll(async () => {
           baseUrl: upstream.base,
           apiKeyEnv: 'UPSTREAM_B_KEY',
           upstreamModel: 'llama-3.3-70b',
+          timeoutMs: 30_000,
         },
       },
       'slow-model': { provider: up('slow') },
