@@ -112,7 +112,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   });
 
   const handlers = createHandlers({
-    ...createChatHandlers({ chat, timeoutMs: config.chat.timeoutMs }),
+    ...createChatHandlers({ chat, timeoutMs: config.chat.timeoutMs, idempotency }),
     ...createCatalogHandlers(catalog),
     ...createKeyHandlers({
       keys,

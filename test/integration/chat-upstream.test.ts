@@ -316,6 +316,30 @@ describe('upstream failures', () => {
   });
 });
 
+describe('idempotency while in flight', () => {
+  test('behavior: a duplicate while the first is still running is 409; a failed first lets a retry run', async () => {
+    const { key } = await gateway.account('1');
+    const before = held.length;
+    const headers = {
+      authorization: `Bearer ${key}`,
+      'content-type': 'application/json',
+      'idempotency-key': 'slow-1',
+    };
+    const body = JSON.stringify({ model: 'slow-model', messages: USER });
+    const first = fetch(`${gateway.base}/chat/completions`, { method: 'POST', headers, body });
+    await waitFor(
+      async () => held.length,
+      (n) => n > before,
+    );
+    const duplicate = await fetch(`${gateway.base}/chat/completions`, { method: 'POST', headers, body });
+    expect(duplicate.status).toBe(409);
+    expect((await first).status).toBe(504);
+    // The first failed before anything chargeable: the key is free again.
+    const retry = await fetch(`${gateway.base}/chat/completions`, { method: 'POST', headers, body });
+    expect(retry.status).toBe(504);
+  });
+});
+
 describe('routing', () => {
   test('behavior: the same prompt_cache_key always reaches the same backend; different keys spread', async () => {
     const routers = new Map<string, Set<string>>();

@@ -256,3 +256,32 @@ describe('billing', () => {
     expect(balance.usdNano).toBe(parseUsdToNano('0.0063') - charged);
   });
 });
+
+describe('idempotency', () => {
+  test('behavior: the same key and body replay the stored answer without a new charge; another body is 400', async () => {
+    const { key, accountId } = await server.account('2');
+    const body = { model: 'llama-3.3-70b', messages: USER, seed: 4 };
+    const first = await post(key, body, { 'idempotency-key': 'chat-retry-1' });
+    const firstJson = (await first.json()) as ChatCompletion;
+    expect(first.status).toBe(200);
+    expect(first.headers.get('idempotent-replayed')).toBeNull();
+    const again = await post(key, body, { 'idempotency-key': 'chat-retry-1' });
+    expect(again.status).toBe(200);
+    expect(again.headers.get('idempotent-replayed')).toBe('true');
+    expect(await again.json()).toEqual(firstJson);
+    expect(new Set((await charges(accountId)).map((e) => e.requestId))).toEqual(
+      new Set([first.headers.get('cf-ray')]),
+    );
+    const other = await post(key, { ...body, seed: 5 }, { 'idempotency-key': 'chat-retry-1' });
+    expect(other.status).toBe(400);
+    expect(((await other.json()) as { error: string }).error).toContain('Idempotency-Key');
+    // Another key of the same body runs again (and is charged again).
+    const fresh = await post(key, body, { 'idempotency-key': 'chat-retry-2' });
+    expect(fresh.headers.get('idempotent-replayed')).toBeNull();
+    expect(new Set((await charges(accountId)).map((e) => e.requestId)).size).toBe(2);
+    // Streams ignore the key.
+    const streamedAnswer = await post(key, { ...body, stream: true }, { 'idempotency-key': 'chat-retry-1' });
+    expect(streamedAnswer.headers.get('content-type')).toMatch(/^text\/event-stream/);
+    await streamedAnswer.text();
+  });
+});

@@ -17,6 +17,7 @@ import type { HandlerGroups } from '../../handlers.ts';
 import type { HandlerContext, ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
 import type { ChatEvent, FinishReason, ProviderUsage, TokenLogprob } from '../../providers/chat/types.ts';
+import { hashRequestBody, type IdempotencyStore } from '../../storage/idempotency.ts';
 import { echoOptions } from './options.ts';
 import {
   type ChatService,
@@ -32,6 +33,8 @@ import { searchDocumentsToolCall, webSearchCitations } from './web/documents.ts'
 
 export type ChatHandlersDeps = {
   chat: ChatService;
+  /** `Idempotency-Key` on non-streamed requests; absent: the header is ignored. */
+  idempotency?: IdempotencyStore;
   /** Longest a non-streamed request may run before it is answered with 504 (streams are not limited). */
   timeoutMs: number;
 };
@@ -401,8 +404,66 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
     };
   }
 
-  return {
+  const handlers: HandlerGroups = {
     createChatCompletion: async (ctx) => {
+      const key = ctx.headers['idempotency-key'];
+      const body = ctx.body as ChatCompletionRequest;
+      // Streams ignore the key (nothing to replay); a non-streamed answer is stored and replayed for 24 h.
+      if (!deps.idempotency || typeof key !== 'string' || body.stream || !ctx.principal) return run(ctx);
+      const principal = ctx.principal;
+      const scope = {
+        principal:
+          principal.kind === 'apiKey'
+            ? `${principal.accountId}:${principal.keyId}`
+            : `wallet:${principal.accountId}`,
+        operation: 'createChatCompletion',
+        key,
+      };
+      const begun = await deps.idempotency.begin(scope, {
+        requestHash: hashRequestBody(ctx.sentBody ?? body),
+      });
+      if (begun.kind === 'replay')
+        return {
+          status: 200 as const,
+          contentType: 'application/json',
+          body: begun.response.body,
+          headers: { ...begun.response.headers, 'Idempotent-Replayed': 'true' },
+        };
+      if (begun.kind === 'in_flight')
+        throw new ApiError(
+          409,
+          'A request with this Idempotency-Key is still being processed; retry after it completes',
+          {
+            code: 'IDEMPOTENCY_IN_FLIGHT',
+          },
+        );
+      if (begun.kind === 'mismatch')
+        throw new ApiError(400, 'This Idempotency-Key was already used with a different request body', {
+          code: 'IDEMPOTENCY_KEY_REUSED',
+        });
+      try {
+        const reply = await run(ctx);
+        if ('body' in reply && 'status' in reply && !('contentType' in reply)) {
+          const headers = Object.fromEntries(
+            Object.entries(reply.headers ?? {}).map(([k, v]) => [k, String(v)]),
+          );
+          await deps.idempotency.complete(
+            scope,
+            { status: reply.status, headers, body: JSON.stringify(reply.body) },
+            begun.owner,
+          );
+        }
+        return reply;
+      } catch (error) {
+        await deps.idempotency.abandon(scope, begun.owner).catch(() => {});
+        throw error;
+      }
+    },
+  };
+  return handlers;
+
+  function run(ctx: HandlerContext<'createChatCompletion'>) {
+    return (async () => {
       const principal = ctx.principal;
       if (!principal) throw new ApiError(401, 'Authentication failed', { code: 'AUTHENTICATION_FAILED' });
       const body = ctx.body as ChatCompletionRequest;
@@ -414,6 +475,6 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
         signal: ctx.signal,
       });
       return body.stream ? stream(ctx, prepared) : complete(ctx, prepared);
-    },
-  };
+    })();
+  }
 }
