@@ -200,6 +200,9 @@ describe('against a second instance of the server', () => {
     expect(viaJson.usage.completion_tokens).toBe(direct.usage.completion_tokens);
     expect(viaJson.cost).toEqual(direct.cost);
     expect(viaJson.model).toBe('via-b');
+    // Upstream latency and outcome reach the metrics.
+    const metrics = await (await fetch(`${gateway.origin}/metrics`)).text();
+    expect(metrics).toMatch(/upstream_request_duration_seconds_count\{upstream="chat:second:ok"\} [1-9]/);
   });
 
   test('behavior: a streamed answer passes through chunk by chunk and ends with usage, cost and [DONE]', async () => {
