@@ -11,6 +11,7 @@ import type { ChatCompletion, ChatCompletionChunk } from '../../generated/api.d.
 import { formatNanoUsd, parseUsdToNano } from '../../server/money.ts';
 import { type ChatServer, startChatServer } from '../support/chat-server.ts';
 import { ContractValidator, loadBundle } from '../support/contract.ts';
+import { startPostgres } from '../support/postgres.ts';
 
 const validator = new ContractValidator(loadBundle());
 const eventSchema = validator.schema('ChatCompletionStreamEvent');
@@ -243,7 +244,8 @@ describe('billing', () => {
       Array.from({ length: 50 }, (_, i) => complete(key, { seed: i + 1, max_completion_tokens: 200 })),
     );
     const ok = results.filter((r) => r.response.status === 200);
-    const refused = results.filter((r) => r.response.status === 402);
+    // Refusals are 402 (balance) or 503 (more than the model's 32 concurrent requests in flight).
+    const refused = results.filter((r) => r.response.status === 402 || r.response.status === 503);
     expect(ok.length + refused.length).toBe(50);
     expect(ok.length).toBeGreaterThanOrEqual(10);
     expect(refused.length).toBeGreaterThan(0);
@@ -283,5 +285,54 @@ describe('idempotency', () => {
     const streamedAnswer = await post(key, { ...body, stream: true }, { 'idempotency-key': 'chat-retry-1' });
     expect(streamedAnswer.headers.get('content-type')).toMatch(/^text\/event-stream/);
     await streamedAnswer.text();
+  });
+});
+
+describe('billing on PostgreSQL', () => {
+  test('behavior: 50 parallel requests on a balance that covers 10 never overspend; the ledger equals the sum of the costs', {
+    timeout: 180_000,
+  }, async () => {
+    const postgres = await startPostgres();
+    const pg = await startChatServer({ databaseUrl: await postgres.createDatabase('chat_parallel') }).catch(
+      async (error: unknown) => {
+        await postgres.stop();
+        throw error;
+      },
+    );
+    try {
+      const { key, accountId } = await pg.account('0.0063');
+      const results = await Promise.all(
+        Array.from({ length: 50 }, async (_, i) => {
+          const response = await fetch(`${pg.base}/chat/completions`, {
+            method: 'POST',
+            headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+            body: JSON.stringify({
+              model: 'llama-3.3-70b',
+              messages: USER,
+              seed: i + 1,
+              max_completion_tokens: 200,
+            }),
+          });
+          return { status: response.status, json: (await response.json()) as ChatCompletion };
+        }),
+      );
+      const ok = results.filter((r) => r.status === 200);
+      // Refusals are 402 (balance) or 503 (more than the model's 32 concurrent requests in flight).
+      const odd = results.filter((r) => ![200, 402, 503].includes(r.status));
+      expect(odd.map((r) => [r.status, JSON.stringify(r.json)])).toEqual([]);
+      expect(ok.length).toBeGreaterThanOrEqual(10);
+      const balance = await pg.services.ledger.getBalance(accountId);
+      expect(balance.usdNano).toBeGreaterThanOrEqual(0n);
+      expect(balance.usdReservedNano).toBe(0n);
+      const entries = (await pg.services.ledger.listEntries(accountId, { limit: 1000 })).filter(
+        (e) => e.type === 'CHARGE',
+      );
+      const charged = -entries.reduce((sum, e) => sum + e.amountNano, 0n);
+      expect(charged).toBe(ok.reduce((sum, r) => sum + usdToNano(r.json.cost?.usd ?? 0), 0n));
+      expect(balance.usdNano).toBe(parseUsdToNano('0.0063') - charged);
+    } finally {
+      await pg.close();
+      await postgres.stop();
+    }
   });
 });
