@@ -5,6 +5,7 @@
  */
 import { hostname } from 'node:os';
 import { z } from 'zod';
+import { RPC_NETWORK_SLUGS, upstreamListSchema, upstreamVariable } from './domains/rpc/networks.ts';
 
 const bool = z
   .enum(['true', 'false', '1', '0', 'yes', 'no', 'on', 'off'])
@@ -53,6 +54,17 @@ const variables = z.object({
   CHAT_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(300_000),
   UPSTREAM_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(120_000),
   LOCAL_CHAT_TOKEN_DELAY_MS: z.coerce.number().int().min(0).max(1_000).default(0),
+  RPC_PRICE_PER_CREDIT_USD: usd.default('0.0000007'),
+  RPC_UPSTREAM_TIMEOUT_MS: z.coerce.number().int().min(100).max(600_000).default(10_000),
+  RPC_MAX_RESPONSE_MB: z.coerce.number().int().min(1).max(512).default(32),
+  RPC_REQUESTS_PER_MINUTE: z.coerce.number().int().min(1).default(100),
+  RPC_STAFF_REQUESTS_PER_MINUTE: z.coerce.number().int().min(1).default(1000),
+  RPC_STAFF_ACCOUNTS: z.string().default(''),
+  RPC_CREDITS_PER_DAY: z.coerce.number().int().min(1).default(10_000_000),
+  // RPC_UPSTREAM_<SLUG>: comma-separated upstream node URLs of one network, in failover order.
+  ...(Object.fromEntries(
+    RPC_NETWORK_SLUGS.map((slug) => [upstreamVariable(slug), upstreamListSchema.optional()]),
+  ) as Record<string, z.ZodOptional<typeof upstreamListSchema>>),
   SEARXNG_URL: z
     .url()
     .regex(/^https?:\/\//, 'an http(s) URL')
@@ -62,6 +74,21 @@ const variables = z.object({
   SCRAPE_MAX_BYTES: z.coerce.number().int().min(1_024).max(50_000_000).default(2_000_000),
   SCRAPE_TIMEOUT_MS: z.coerce.number().int().min(100).max(120_000).default(10_000),
   SCRAPE_MAX_REDIRECTS: z.coerce.number().int().min(0).max(20).default(5),
+  X402_FACILITATOR_URL: z.url().optional(),
+  X402_BASE_RPC_URL: z.url().optional(),
+  X402_FACILITATOR_PRIVATE_KEY: z
+    .string()
+    .regex(/^0x[0-9a-fA-F]{64}$/, 'a 32-byte hex private key (0x…)')
+    .optional(),
+  X402_SOLANA_RPC_URL: z.url().optional(),
+  X402_SOLANA_FACILITATOR_PRIVATE_KEY: z
+    .string()
+    .regex(/^[1-9A-HJ-NP-Za-km-z]{64,90}$/, 'a base58 64-byte Solana secret key')
+    .optional(),
+  X402_EIP6492_FACTORIES: z
+    .string()
+    .regex(/^(0x[0-9a-fA-F]{40})(,0x[0-9a-fA-F]{40})*$/, 'comma-separated EVM addresses')
+    .optional(),
 });
 
 /** Every environment variable the server reads (the README and .env.example document each). */
@@ -91,10 +118,33 @@ const schema = variables.transform((env) => ({
     upstreamTimeoutMs: env.UPSTREAM_TIMEOUT_MS,
     localTokenDelayMs: env.LOCAL_CHAT_TOKEN_DELAY_MS,
   },
+  rpc: {
+    pricePerCreditUsd: env.RPC_PRICE_PER_CREDIT_USD,
+    upstreamTimeoutMs: env.RPC_UPSTREAM_TIMEOUT_MS,
+    maxResponseBytes: env.RPC_MAX_RESPONSE_MB * 1024 * 1024,
+    requestsPerMinute: env.RPC_REQUESTS_PER_MINUTE,
+    staffRequestsPerMinute: env.RPC_STAFF_REQUESTS_PER_MINUTE,
+    staffAccounts: env.RPC_STAFF_ACCOUNTS.split(',')
+      .map((id) => id.trim())
+      .filter(Boolean),
+    creditsPerDay: env.RPC_CREDITS_PER_DAY,
+    upstreams: Object.fromEntries(
+      RPC_NETWORK_SLUGS.flatMap((slug) => {
+        const urls = (env as Record<string, unknown>)[upstreamVariable(slug)] as string[] | undefined;
+        return urls ? [[slug, urls]] : [];
+      }),
+    ) as Record<string, string[]>,
+  },
   x402: {
     payToBase: env.X402_PAY_TO_BASE,
     payToSolana: env.X402_PAY_TO_SOLANA,
     solanaFeePayer: env.X402_SOLANA_FEE_PAYER,
+    facilitatorUrl: env.X402_FACILITATOR_URL,
+    baseRpcUrl: env.X402_BASE_RPC_URL,
+    facilitatorPrivateKey: env.X402_FACILITATOR_PRIVATE_KEY as `0x${string}` | undefined,
+    solanaRpcUrl: env.X402_SOLANA_RPC_URL,
+    solanaFacilitatorPrivateKey: env.X402_SOLANA_FACILITATOR_PRIVATE_KEY,
+    eip6492Factories: env.X402_EIP6492_FACTORIES?.split(',') ?? [],
   },
   /** Web search for chat; `searxngUrl` unset means web search is unavailable. */
   search: { searxngUrl: env.SEARXNG_URL, timeoutMs: env.SEARCH_TIMEOUT_MS },

@@ -96,6 +96,7 @@ const sweep = setInterval(() => {
     services.rateLimits.prune(now - 2 * 86_400_000),
     services.rateLimits.pruneEvents(now - 30 * 86_400_000),
     services.idempotency.prune(now),
+    services.rpc.credits.prune(now - 2 * 86_400_000),
   ])
     .then(([released]) =>
       released > 0 ? logger.info({ released }, 'expired reservations released') : undefined,

@@ -7,7 +7,7 @@ import type { AppDeps } from './app.ts';
 import { loadCatalog } from './catalog/load.ts';
 import { type CatalogService, createCatalogService } from './catalog/service.ts';
 import type { Config } from './config.ts';
-import { createCharges } from './domains/billing/charges.ts';
+import { type Charges, createCharges } from './domains/billing/charges.ts';
 import { createBillingHandlers } from './domains/billing/handlers.ts';
 import { createCatalogHandlers } from './domains/catalog/handlers.ts';
 import { createFileConverter } from './domains/chat/files/converter.ts';
@@ -17,7 +17,9 @@ import { createChatService } from './domains/chat/service.ts';
 import { createScraper } from './domains/chat/web/scrape.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
+import { createRpcDomain, type RpcDomain } from './domains/rpc/index.ts';
 import { discoveryPaymentRequired } from './domains/wallet/discovery.ts';
+import { createWalletDomain, type WalletDomain } from './domains/wallet/index.ts';
 import { createHandlers } from './handlers.ts';
 import type { AuthPorts, Principal } from './http/auth.ts';
 import type { ReplyHeaders } from './http/contract.ts';
@@ -25,6 +27,7 @@ import { loadContract } from './http/spec.ts';
 import { formatUsdFixed, nanoToUsdNumber } from './money.ts';
 import { createMetrics } from './observability/metrics.ts';
 import { createSearxngSearch } from './providers/search/searxng.ts';
+import type { Facilitator } from './providers/x402/facilitator.ts';
 import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
 import { createDatabase, type Database } from './storage/database.ts';
@@ -42,16 +45,29 @@ export type Services = {
   ledger: LedgerRepository;
   rateLimits: RateLimitsRepository;
   idempotency: IdempotencyStore;
+  rpc: RpcDomain;
+  /** Reserve -> capture -> release for every paid operation (wallets get the wallet 402). */
+  charges: Charges;
+  wallet: WalletDomain;
   app: AppDeps;
   close(): Promise<void>;
 };
 
-export async function createServices(config: Config, logger: Logger): Promise<Services> {
+export type ServicesOptions = {
+  /** Replaces the x402 facilitator the configuration describes (tests). */
+  facilitator?: Facilitator;
+};
+
+export async function createServices(
+  config: Config,
+  logger: Logger,
+  options: ServicesOptions = {},
+): Promise<Services> {
   const contract = loadContract();
-  const catalog = createCatalogService(
-    loadCatalog(config.serviceConfigPath ? { overridePath: config.serviceConfigPath } : {}),
-    { publicBaseUrl: config.publicOrigin },
+  const loadedCatalog = loadCatalog(
+    config.serviceConfigPath ? { overridePath: config.serviceConfigPath } : {},
   );
+  const catalog = createCatalogService(loadedCatalog, { publicBaseUrl: config.publicOrigin });
   const database = await createDatabase(config.databaseUrl);
   try {
     await migrate(database);
@@ -67,6 +83,38 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   const metrics = createMetrics();
   const tierOf = async (accountId: string) => ((await accounts.get(accountId)).pro ? 'partner' : 'paid');
   const limiter = createRateLimiter({ rateLimits, catalog });
+  const wallet = createWalletDomain({
+    config,
+    database,
+    accounts,
+    ledger,
+    logger,
+    ...(options.facilitator ? { facilitator: options.facilitator } : {}),
+    housekeepingIntervalMs: 60_000,
+    paidOperations: new Set(
+      contract.operations.filter((op) => op.declaresPaymentRequired).map((op) => op.operationId),
+    ),
+  });
+  const charges = createCharges({
+    ledger,
+    reservationTtlMs: config.reservationTtlMs,
+    walletPaymentRequired: wallet.walletPaymentRequired,
+  });
+  let rpc: RpcDomain;
+  try {
+    rpc = createRpcDomain({
+      config: config.rpc,
+      section: loadedCatalog.extra.rpc,
+      database,
+      rateLimits,
+      charges,
+      idempotency,
+    });
+  } catch (error) {
+    wallet.close();
+    await database.close();
+    throw error;
+  }
 
   const auth: AuthPorts = {
     async authenticateApiKey(secret) {
@@ -82,6 +130,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
         keyType: result.key.keyType,
       };
     },
+    verifySignInWithX: wallet.verifySignInWithX,
     paymentRequired: (req, op) =>
       discoveryPaymentRequired(
         { publicOrigin: config.publicOrigin, ...config.x402 },
@@ -89,7 +138,6 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       ),
   };
 
-  const charges = createCharges({ ledger, reservationTtlMs: config.reservationTtlMs });
   const chat = createChatService({
     catalog,
     charges,
@@ -122,6 +170,8 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       rateLimitsFor: (tier) => catalog.rateLimits(tier) ?? [],
     }),
     ...createBillingHandlers({ ledger, keys, modelType: (id) => catalog.getModel(id)?.type }),
+    ...rpc.handlers,
+    ...wallet.handlers,
   });
 
   metrics.addGauge({
@@ -167,7 +217,10 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     handlers,
     metrics,
     readiness: () => database.ping(),
+    acquireSlot: (input) => wallet.acquireSlot(input),
+    replyHeaders: (input) => wallet.replyHeaders(input),
     async admit({ operationId, principal, body }) {
+      await wallet.admitWallet(operationId, principal);
       const requested = (body as { model?: unknown } | undefined)?.model;
       const model = typeof requested === 'string' ? requested : undefined;
       const inference = inferenceOperations.has(operationId);
@@ -189,7 +242,14 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     ledger,
     rateLimits,
     idempotency,
+    rpc,
+    charges,
+    wallet,
     app,
-    close: () => database.close(),
+    close: () => {
+      rpc.close();
+      wallet.close();
+      return database.close();
+    },
   };
 }

@@ -11,6 +11,7 @@
 import { type Kysely, type Migration, type MigrationResultSet, Migrator, sql } from 'kysely';
 import type { Database, Dialect } from './database.ts';
 import { MigrationError } from './errors.ts';
+import { walletMigration } from './wallet-migration.ts';
 
 function inList(column: string, values: readonly string[]) {
   return sql`${sql.ref(column)} in (${sql.join(values.map((value) => sql.lit(value)))})`;
@@ -237,11 +238,38 @@ function idempotency(): Migration {
   };
 }
 
+/** The JSON-RPC proxy's rolling 24-hour credit counter and its per-caller lock rows. */
+function rpc(): Migration {
+  return {
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable('rpc_credit_subjects')
+        .addColumn('subject', 'text', (c) => c.primaryKey())
+        .execute();
+      await db.schema
+        .createTable('rpc_credit_usage')
+        .addColumn('subject', 'text', (c) => c.notNull())
+        .addColumn('bucket_ms', 'bigint', (c) => c.notNull())
+        .addColumn('credits', 'bigint', (c) => c.notNull())
+        .addPrimaryKeyConstraint('rpc_credit_usage_pk', ['subject', 'bucket_ms'])
+        .addCheckConstraint('rpc_credit_usage_nonneg', sql`credits >= 0`)
+        .execute();
+      await db.schema
+        .createIndex('rpc_credit_usage_bucket_idx')
+        .on('rpc_credit_usage')
+        .column('bucket_ms')
+        .execute();
+    },
+  };
+}
+
 /** Every migration, by name; names sort in the order they run. */
 export function storageMigrations(dialect: Dialect): Record<string, Migration> {
   return {
     '0001_core': core(dialect),
     '0002_idempotency': idempotency(),
+    '0003_wallet': walletMigration(),
+    '0004_rpc': rpc(),
   };
 }
 

@@ -1,6 +1,7 @@
 import { createPublicClient, http } from 'viem';
+import { privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type StartedAnvil, startAnvil } from '../support/anvil.ts';
+import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
 import { isAlive } from '../support/process.ts';
 
 describe('test support: anvil', () => {
@@ -16,6 +17,10 @@ describe('test support: anvil', () => {
     const client = createPublicClient({ transport: http(anvil.url) });
     expect(await client.getChainId()).toBe(8453);
     expect(anvil.url.startsWith('http://127.0.0.1:')).toBe(true);
+    // Every listed key is a funded dev account.
+    for (const key of ANVIL_PRIVATE_KEYS) {
+      expect(await client.getBalance({ address: privateKeyToAccount(key).address })).toBeGreaterThan(0n);
+    }
     const other = await startAnvil({ chainId: 1 });
     expect(isAlive(other.pid)).toBe(true);
     await other.stop();

@@ -38,6 +38,15 @@ function handler(site: string) {
         return send(200, 'text/plain', 'plain text\n\nkept as is');
       case '/latin1.txt':
         return send(200, 'text/plain; charset=iso-8859-1', Buffer.from('caf\xe9', 'latin1'));
+      case '/meta-charset.html':
+        return send(
+          200,
+          'text/html',
+          Buffer.from(
+            '<html><head><meta charset="windows-1252"><title>Caf\xe9</title></head><body>na\xefve</body></html>',
+            'latin1',
+          ),
+        );
       case '/gzip.html':
         return send(200, 'text/html', gzipSync(PAGE), { 'content-encoding': 'gzip' });
       case '/image.png':
@@ -50,6 +59,8 @@ function handler(site: string) {
         return send(404, 'text/html', '<p>not here</p>');
       case '/redirect':
         return send(302, 'text/plain', '', { location: url.searchParams.get('to') ?? '/page.html' });
+      case '/bad-location':
+        return send(302, 'text/plain', '', { location: 'http://[::1' });
       case '/no-location':
         return send(302, 'text/plain', '');
       case '/loop':
@@ -175,6 +186,12 @@ describe('scrape: content', () => {
     expect(latin1.text).toBe('café');
   });
 
+  test('behavior: an HTML page without a header charset is decoded by its <meta charset>', async () => {
+    const result = await open.scrape(`${local.origin}/meta-charset.html`);
+    expectOk(result);
+    expect(result).toMatchObject({ title: 'Café', text: 'naïve' });
+  });
+
   test('behavior: a gzip-encoded page is decompressed', async () => {
     const result = await open.scrape(`${local.origin}/gzip.html`);
     expectOk(result);
@@ -238,6 +255,7 @@ describe('scrape: caps', () => {
     const none = createScraper({ ...CAPS, maxRedirects: 0, allowPrivateNetworks: true });
     expectRefused(await none.scrape(`${local.origin}/redirect`), /more than 0 redirects/);
     expectRefused(await open.scrape(`${local.origin}/no-location`), /without a Location/);
+    expectRefused(await open.scrape(`${local.origin}/bad-location`), /invalid Location/);
   });
 
   test('behavior: a redirect to another scheme is refused', async () => {
@@ -317,6 +335,15 @@ describe('scrape: SSRF protection (private networks off)', () => {
     ]);
     expect(hits).toEqual([]);
     expect(connects).toEqual([]);
+  });
+
+  test('behavior: the system resolver is vetted too: localhost is refused', async () => {
+    const system = createScraper({ ...CAPS, allowPrivateNetworks: false });
+    expectRefused(
+      await system.scrape(`http://localhost:${local.port}/page.html`),
+      /^refused: localhost is a loopback/,
+    );
+    expect(hits).toEqual([]);
   });
 
   test('behavior: a public name is fetched at its vetted address, with its own Host header', async () => {

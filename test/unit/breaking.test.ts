@@ -148,5 +148,5 @@ describe('breaking-change gate', () => {
     expect(result.stderr).toContain(
       'removed-response-field POST /chat/completions 200 application/json .legacy_field',
     );
-  });
+  }, 60_000);
 });

@@ -6,7 +6,14 @@ import {
   fileToText,
   UnsupportedFileError,
 } from '../../server/domains/chat/files/convert.ts';
-import { buildDocx, buildPdf, buildPptx, buildXlsx, buildZip } from '../fixtures/files/build.ts';
+import {
+  buildDocx,
+  buildPdf,
+  buildPptx,
+  buildXlsx,
+  buildZip,
+  withDeclaredSizes,
+} from '../fixtures/files/build.ts';
 
 const MIME = {
   pdf: 'application/pdf',
@@ -190,6 +197,22 @@ describe('fileToText: caps', () => {
     );
     // The same files pass with the default cap.
     expect((await fileToText({ data: docx })).text).toHaveLength(50_000);
+  });
+});
+
+describe('fileToText: zip bombs', () => {
+  test('behavior: a DOCX whose parts lie about their size is refused (parts are cut at the declared size)', async () => {
+    // 30 MB of text that compresses to almost nothing, declared as 4 KB per part.
+    const bomb = withDeclaredSizes(buildDocx(['a'.repeat(30_000_000)]), 4_096);
+    // Inflated whole, this would parse; stopped at the declared size, the XML is cut and the file is refused.
+    const error = await refusal(fileToText({ filename: 'bomb.docx', data: bomb }));
+    expect(error.message).toMatch(/damaged/);
+  });
+
+  test('behavior: XLSX parts that lie about their size are read only up to the declared size', async () => {
+    const bomb = withDeclaredSizes(buildXlsx([{ name: 'S', rows: [['b'.repeat(30_000_000)]] }]), 4_096);
+    const result = await fileToText({ data: bomb }, { maxChars: 100_000_000 });
+    expect(result.text.length).toBeLessThan(4_096);
   });
 });
 

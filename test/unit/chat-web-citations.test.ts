@@ -192,6 +192,13 @@ describe('searchContext', () => {
     expect(text).toMatch(/<sources>[\s\S]*<\/sources>/);
   });
 
+  test('behavior: with citations off, no markers are asked for', () => {
+    const text = searchContext(results, { cite: false });
+    expect(text).not.toContain('^1^');
+    expect(text).toMatch(/Do not add citation markers/);
+    expect(text).toContain('[1] First source');
+  });
+
   test('behavior: long excerpts are capped; no results says so', () => {
     const long = searchContext([{ title: 't', url: 'https://c.example', content: 'x'.repeat(10_000) }]);
     expect(long.length).toBeLessThan(3_000);

@@ -12,7 +12,7 @@ import {
   StorageError,
 } from '../../server/storage/errors.ts';
 import { epochDayOf, isoDay, periodStartMs, toBigInt, toNumber } from '../../server/storage/internal.ts';
-import { migrate } from '../../server/storage/migrations.ts';
+import { migrate, storageMigrations } from '../../server/storage/migrations.ts';
 
 describe('parseDatabaseUrl', () => {
   test('behavior: sqlite file, absolute, memory and postgres URLs', () => {
@@ -71,12 +71,12 @@ describe('createDatabase', () => {
   test('behavior: SQLite in memory migrates and returns integers as bigint', async () => {
     const database = await createDatabase('sqlite::memory:');
     try {
-      expect(await migrate(database)).toEqual({ applied: ['0001_core'] });
+      expect(await migrate(database)).toEqual({ applied: Object.keys(storageMigrations('sqlite')) });
       expect(await migrate(database)).toEqual({ applied: [] });
       const { rows } = await sql<{ n: unknown }>`select count(*) as n from kysely_migration`.execute(
         database.db,
       );
-      expect(rows[0]?.n).toBe(1n);
+      expect(rows[0]?.n).toBe(BigInt(Object.keys(storageMigrations('sqlite')).length));
     } finally {
       await database.close();
     }

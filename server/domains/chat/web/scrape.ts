@@ -165,7 +165,9 @@ export function createScraper(options: ScraperOptions): Scraper {
         if (!location) throw new ScrapeFailure(`HTTP ${status} without a Location header`);
         if (hop >= options.maxRedirects)
           throw new ScrapeFailure(`more than ${options.maxRedirects} redirects`);
-        current = new URL(location, url).href;
+        const next = URL.canParse(location, url) ? new URL(location, url) : undefined;
+        if (!next) throw new ScrapeFailure(`HTTP ${status} with an invalid Location header`);
+        current = next.href;
         continue;
       }
       if (status < 200 || status > 299) {
@@ -252,7 +254,10 @@ export function createScraper(options: ScraperOptions): Scraper {
     body.destroy();
     response.destroy();
     if (signal.aborted) throw signal.reason;
-    const raw = decode(Buffer.concat(chunks), charset);
+    const bytes = Buffer.concat(chunks);
+    // Without a charset in the header, an HTML page may declare one in a <meta> tag near its start.
+    const declared = charset ?? (html ? metaCharset(bytes) : undefined);
+    const raw = decode(bytes, declared);
     if (!html) return { text: tidy(raw) };
     const title = tidy(titleToText(raw)).replace(/\s+/g, ' ');
     const text = tidy(bodyToText(raw));
@@ -286,6 +291,11 @@ function contentType(header: string | undefined): { type: string; charset: strin
     .map((p) => p.trim().match(/^charset\s*=\s*"?([^";]+)"?$/i)?.[1])
     .find((c) => c !== undefined);
   return { type: essence.trim().toLowerCase(), charset };
+}
+
+function metaCharset(bytes: Buffer): string | undefined {
+  const head = bytes.subarray(0, 2_048).toString('latin1');
+  return head.match(/<meta[^>]+charset\s*=\s*["']?\s*([\w-]+)/i)?.[1];
 }
 
 function decode(bytes: Buffer, charset: string | undefined): string {

@@ -1,0 +1,289 @@
+/**
+ * The JSON-RPC proxy: admits a call (per-minute cap), checks and prices every item, replays or claims its
+ * idempotency key, takes the worst case from the rolling 24-hour credit cap and reserves it on the ledger,
+ * forwards the bytes to the network's nodes (with failover), then charges what the answer really cost and
+ * returns the node's bytes unchanged. Everything that does not depend on the request is prepared at start.
+ */
+import { randomBytes } from 'node:crypto';
+import type { components } from '../../../generated/api.d.ts';
+import type { Principal } from '../../http/auth.ts';
+import { ApiError } from '../../http/errors.ts';
+import { formatUsdFixed } from '../../money.ts';
+import { type RpcUpstream, UpstreamError } from '../../providers/rpc/port.ts';
+import { hashRequestBody, type IdempotencyScope, type IdempotencyStore } from '../../storage/idempotency.ts';
+import type { Reservation } from '../../storage/ledger.ts';
+import type { RateLimitsRepository } from '../../storage/rate-limits.ts';
+import type { RpcCreditsRepository } from '../../storage/rpc-credits.ts';
+import type { Charges } from '../billing/charges.ts';
+import { billAnswer, planRequest } from './billing.ts';
+import type { RpcNetwork } from './networks.ts';
+
+const MINUTE_MS = 60_000;
+const OPERATION = 'callCryptoRpc';
+
+/** The part of the shared idempotency store the proxy uses. */
+export type IdempotencyPort = Pick<IdempotencyStore, 'begin' | 'complete' | 'abandon'>;
+
+export type RpcLimits = {
+  requestsPerMinute: number;
+  staffRequestsPerMinute: number;
+  /** Account ids on the staff tier. */
+  staffAccounts: ReadonlySet<string>;
+  creditsPerDay: number;
+};
+
+export type RpcServiceDeps = {
+  networks: ReadonlyMap<string, RpcNetwork>;
+  /** One upstream per served network. */
+  upstreams: ReadonlyMap<string, RpcUpstream>;
+  charges: Charges;
+  rateLimits: RateLimitsRepository;
+  credits: RpcCreditsRepository;
+  idempotency?: IdempotencyPort;
+  pricePerCreditNano: bigint;
+  limits: RpcLimits;
+  now?: () => number;
+};
+
+export type RpcCallInput = {
+  principal: Principal;
+  network: string;
+  body: unknown;
+  idempotencyKey?: string | undefined;
+  signal?: AbortSignal;
+};
+
+export type RpcCallResult = { headers: Record<string, string>; body: Buffer | string };
+
+const CREDIT_HEADER = 'X-Service-RPC-Credits';
+const COST_HEADER = 'X-Service-RPC-Cost-USD';
+const REQUEST_ID_HEADER = 'X-Request-ID';
+
+const formatCount = (n: number) => n.toLocaleString('en-US');
+
+export type RpcService = ReturnType<typeof createRpcService>;
+
+export function createRpcService(deps: RpcServiceDeps) {
+  const now = deps.now ?? Date.now;
+  const { limits } = deps;
+  const price = deps.pricePerCreditNano;
+
+  /** Counts the request in the caller's minute, or throws the 429 with the `X-RateLimit-*` headers. */
+  async function admitMinute(principal: Principal): Promise<void> {
+    const staff = limits.staffAccounts.has(principal.accountId);
+    const limit = staff ? limits.staffRequestsPerMinute : limits.requestsPerMinute;
+    const at = now();
+    const hit = await deps.rateLimits.hit({
+      bucket: `rpc:${principal.accountId}:RPM`,
+      windowMs: MINUTE_MS,
+      limit,
+      now: at,
+    });
+    if (hit.allowed) return;
+    const retryAfter = Math.max(1, Math.ceil((hit.resetAtMs - at) / 1000));
+    throw new ApiError(429, 'Rate limit exceeded', {
+      body: {
+        error: 'Rate limit exceeded',
+        code: 'RPC_RATE_LIMIT_EXCEEDED',
+        customMessage: `Request rate cap exceeded: ${formatCount(limit)} requests per minute on the ${
+          staff ? 'staff' : 'standard'
+        } tier. Retry after the window resets in ${retryAfter} s.`,
+      },
+      headers: {
+        'X-RateLimit-Limit': String(hit.limit),
+        'X-RateLimit-Remaining': String(hit.remaining),
+        'X-RateLimit-Reset': String(Math.ceil(hit.resetAtMs / 1000)),
+        'Retry-After': String(retryAfter),
+      },
+    });
+  }
+
+  function creditCapError(nextReleaseAtMs: number | undefined): ApiError {
+    const retryAfter =
+      nextReleaseAtMs === undefined ? undefined : Math.max(1, Math.ceil((nextReleaseAtMs - now()) / 1000));
+    return new ApiError(429, 'Rate limit exceeded', {
+      body: {
+        error: 'Rate limit exceeded',
+        code: 'RPC_CREDIT_CAP_EXCEEDED',
+        customMessage: `Credit cap exceeded: ${formatCount(limits.creditsPerDay)} credits per rolling 24 hours.${
+          retryAfter === undefined ? '' : ` Credits start freeing up in ${retryAfter} s.`
+        }`,
+      },
+      headers: retryAfter === undefined ? {} : { 'Retry-After': String(retryAfter) },
+    });
+  }
+
+  function upstreamFailure(network: RpcNetwork, error: UpstreamError): ApiError {
+    const tried = `${error.attempts} node${error.attempts === 1 ? '' : 's'} tried`;
+    switch (error.kind) {
+      case 'timeout':
+        return new ApiError(
+          504,
+          `The ${network.slug} node did not answer in time (${tried}); nothing was charged`,
+          {
+            code: 'UPSTREAM_TIMEOUT',
+            cause: error,
+          },
+        );
+      case 'too_large':
+        return new ApiError(502, `The ${network.slug} node's answer is too large; nothing was charged`, {
+          code: 'UPSTREAM_RESPONSE_TOO_LARGE',
+          cause: error,
+        });
+      case 'bad_body':
+        return new ApiError(
+          502,
+          `The ${network.slug} node answered something that is not JSON-RPC (${tried}); nothing was charged`,
+          { code: 'UPSTREAM_INVALID_RESPONSE', cause: error },
+        );
+      case 'aborted':
+        return new ApiError(499, 'The client closed the request', { code: 'CLIENT_CLOSED', cause: error });
+      default:
+        return new ApiError(
+          502,
+          `No ${network.slug} node could be reached (${tried}); nothing was charged. Retry later`,
+          { code: 'UPSTREAM_UNAVAILABLE', cause: error },
+        );
+    }
+  }
+
+  /** The work after admission: cap, reserve, forward, charge. Undoes its holds when it fails. */
+  async function forward(
+    principal: Principal,
+    network: RpcNetwork,
+    upstream: RpcUpstream,
+    payload: Buffer,
+    plan: ReturnType<typeof planRequest>,
+    signal: AbortSignal | undefined,
+  ): Promise<RpcCallResult> {
+    const subject = principal.accountId;
+    const taken = await deps.credits.take({ subject, credits: plan.worstCase, limit: limits.creditsPerDay });
+    if (!taken.allowed) throw creditCapError(taken.nextReleaseAtMs);
+    const requestId = randomBytes(16).toString('hex');
+    const worstNano = BigInt(plan.worstCase) * price;
+    let reservation: Reservation | undefined;
+    try {
+      if (worstNano > 0n) {
+        reservation = await deps.charges.reserve(principal, {
+          amountNano: worstNano,
+          requestId,
+          modelId: network.slug,
+        });
+      }
+      const answer = await upstream
+        .forward({ payload, signal, parse: (_status, body) => billAnswer(plan, body) })
+        .catch((error: unknown) => {
+          throw error instanceof UpstreamError ? upstreamFailure(network, error) : error;
+        });
+      const credits = answer.parsed;
+      const costNano = BigInt(credits) * price;
+      if (reservation) {
+        if (costNano > 0n) {
+          await deps.charges.capture(reservation, [
+            {
+              sku: 'rpc_credit',
+              amountNano: costNano,
+              units: credits,
+              unitPriceNano: price,
+              modelId: network.slug,
+            },
+          ]);
+        } else {
+          await deps.charges.release(reservation);
+        }
+        reservation = undefined;
+      }
+      if (credits < plan.worstCase) {
+        await deps.credits.giveBack({ subject, bucketMs: taken.bucketMs, credits: plan.worstCase - credits });
+      }
+      return {
+        headers: {
+          [CREDIT_HEADER]: String(credits),
+          [COST_HEADER]: formatUsdFixed(costNano, 8),
+          [REQUEST_ID_HEADER]: requestId,
+        },
+        body: answer.body,
+      };
+    } catch (error) {
+      if (reservation) await deps.charges.release(reservation).catch(() => undefined);
+      await deps.credits
+        .giveBack({ subject, bucketMs: taken.bucketMs, credits: plan.worstCase })
+        .catch(() => undefined);
+      throw error;
+    }
+  }
+
+  return {
+    /** The networks with an upstream, sorted by slug. */
+    listNetworks(): components['schemas']['RpcNetworkList'] {
+      const served = [...deps.networks.values()].filter((n) => deps.upstreams.has(n.slug));
+      const slug = (n: RpcNetwork) => n.slug as components['schemas']['RpcNetwork'];
+      return {
+        networks: served.map(slug),
+        details: served.map((n) => ({
+          network: slug(n),
+          family: n.family,
+          chainId: n.chainId,
+          testnet: n.testnet,
+          baseCredits: n.baseCredits,
+        })),
+      };
+    },
+
+    /** Proxies one JSON-RPC request or batch; throws the ApiError to answer with. */
+    async call(input: RpcCallInput): Promise<RpcCallResult> {
+      const network = deps.networks.get(input.network);
+      if (!network) throw new ApiError(400, 'Unsupported RPC network', { code: 'UNSUPPORTED_NETWORK' });
+      await admitMinute(input.principal);
+      const upstream = deps.upstreams.get(network.slug);
+      if (!upstream) {
+        throw new ApiError(
+          503,
+          `No upstream node is configured for ${network.slug}; GET /crypto/rpc/networks lists the networks served`,
+          { code: 'RPC_NETWORK_UNAVAILABLE' },
+        );
+      }
+      const plan = planRequest(network, input.body);
+      const payload = Buffer.from(JSON.stringify(input.body));
+      if (input.idempotencyKey === undefined || !deps.idempotency) {
+        return forward(input.principal, network, upstream, payload, plan, input.signal);
+      }
+
+      const store = deps.idempotency;
+      const scope: IdempotencyScope = {
+        principal: input.principal.accountId,
+        operation: OPERATION,
+        key: input.idempotencyKey,
+      };
+      // The network is part of the request: the same key and body sent to another network is another request.
+      const requestHash = hashRequestBody({ network: network.slug, body: input.body });
+      const begun = await store.begin(scope, { requestHash });
+      switch (begun.kind) {
+        case 'replay':
+          return {
+            headers: { ...begun.response.headers, 'Idempotent-Replayed': 'true' },
+            body: begun.response.body,
+          };
+        case 'in_flight':
+          throw new ApiError(409, 'A request with this Idempotency-Key is still in progress', {
+            code: 'IDEMPOTENCY_KEY_IN_FLIGHT',
+          });
+        case 'mismatch':
+          throw new ApiError(
+            400,
+            'This Idempotency-Key was already used with a different request body (or network) in the last 24 hours',
+            { code: 'IDEMPOTENCY_KEY_REUSED' },
+          );
+      }
+      let result: RpcCallResult;
+      try {
+        result = await forward(input.principal, network, upstream, payload, plan, input.signal);
+      } catch (error) {
+        await store.abandon(scope).catch(() => undefined);
+        throw error;
+      }
+      await store.complete(scope, { status: 200, headers: result.headers, body: result.body.toString() });
+      return result;
+    },
+  };
+}
