@@ -335,8 +335,10 @@ export function createChatService(deps: ChatServiceDeps) {
               })
               // A failed search degrades to an answer without sources, and is not charged.
               .catch(() => []);
-            context = searchContext(searchResults, deps.web.now ? { now: deps.web.now() } : {});
-            if (!options.enable_web_citations) context = context.replace(/^Cite the sources[^\n]*\n/m, '');
+            context = searchContext(searchResults, {
+              cite: options.enable_web_citations,
+              ...(deps.web.now ? { now: deps.web.now() } : {}),
+            });
           }
         } catch (error) {
           await deps.charges.release(reserved.reservation);
