@@ -51,6 +51,9 @@ const variables = z.object({
     .regex(/^[1-9A-HJ-NP-Za-km-z]{32,44}$/, 'a Solana address')
     .optional(),
   JSON_BODY_LIMIT_MB: z.coerce.number().int().min(1).max(100).default(35),
+  CHAT_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(300_000),
+  UPSTREAM_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(120_000),
+  LOCAL_CHAT_TOKEN_DELAY_MS: z.coerce.number().int().min(0).max(1_000).default(0),
   RPC_PRICE_PER_CREDIT_USD: usd.default('0.0000007'),
   RPC_UPSTREAM_TIMEOUT_MS: z.coerce.number().int().min(100).max(600_000).default(10_000),
   RPC_MAX_RESPONSE_MB: z.coerce.number().int().min(1).max(512).default(32),
@@ -110,6 +113,11 @@ const schema = variables.transform((env) => ({
   colo: env.SERVICE_COLO,
   reservationTtlMs: env.RESERVATION_TTL_MS,
   jsonBodyLimitBytes: env.JSON_BODY_LIMIT_MB * 1024 * 1024,
+  chat: {
+    timeoutMs: env.CHAT_TIMEOUT_MS,
+    upstreamTimeoutMs: env.UPSTREAM_TIMEOUT_MS,
+    localTokenDelayMs: env.LOCAL_CHAT_TOKEN_DELAY_MS,
+  },
   rpc: {
     pricePerCreditUsd: env.RPC_PRICE_PER_CREDIT_USD,
     upstreamTimeoutMs: env.RPC_UPSTREAM_TIMEOUT_MS,
@@ -149,7 +157,13 @@ const schema = variables.transform((env) => ({
   },
 }));
 
-export type Config = z.output<typeof schema>;
+export type Config = z.output<typeof schema> & {
+  /**
+   * Reads a secret the catalogue names by variable (an upstream's `apiKeyEnv`). Only upper-case names are
+   * readable; the value never enters the configuration object itself, so it cannot be logged with it.
+   */
+  readSecret(name: string): string | undefined;
+};
 
 /** Raised when the environment is invalid; the message lists every problem, one per line. */
 export class ConfigError extends Error {
@@ -170,5 +184,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
       result.error.issues.map((i) => `${i.path.join('.') || 'environment'}: ${i.message}`),
     );
   }
-  return result.data;
+  const readSecret = (name: string) => (/^[A-Z][A-Z0-9_]*$/.test(name) ? present[name] : undefined);
+  Object.defineProperty(result.data, 'readSecret', { value: readSecret, enumerable: false });
+  return result.data as Config;
 }

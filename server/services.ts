@@ -10,6 +10,11 @@ import type { Config } from './config.ts';
 import { type Charges, createCharges } from './domains/billing/charges.ts';
 import { createBillingHandlers } from './domains/billing/handlers.ts';
 import { createCatalogHandlers } from './domains/catalog/handlers.ts';
+import { createFileConverter } from './domains/chat/files/converter.ts';
+import { createChatHandlers } from './domains/chat/handlers.ts';
+import { createChatProviders } from './domains/chat/providers.ts';
+import { createChatService } from './domains/chat/service.ts';
+import { createScraper } from './domains/chat/web/scrape.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
 import { createRpcDomain, type RpcDomain } from './domains/rpc/index.ts';
@@ -21,6 +26,7 @@ import type { ReplyHeaders } from './http/contract.ts';
 import { loadContract } from './http/spec.ts';
 import { formatUsdFixed, nanoToUsdNumber } from './money.ts';
 import { createMetrics } from './observability/metrics.ts';
+import { createSearxngSearch } from './providers/search/searxng.ts';
 import type { Facilitator } from './providers/x402/facilitator.ts';
 import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
@@ -132,7 +138,29 @@ export async function createServices(
       ),
   };
 
+  const chat = createChatService({
+    catalog,
+    charges,
+    isPro: async (accountId) => (await accounts.get(accountId)).pro,
+    providerFor: createChatProviders({ config, metrics }),
+    consumeTokens: async (principal, modelId, tokens) =>
+      limiter.consumeTokens(principal, await tierOf(principal.accountId), modelId, tokens),
+    convertFile: createFileConverter(),
+    web: {
+      scraper: createScraper(config.scrape),
+      ...(config.search.searxngUrl
+        ? {
+            search: createSearxngSearch({
+              baseUrl: config.search.searxngUrl,
+              timeoutMs: config.search.timeoutMs,
+            }),
+          }
+        : {}),
+    },
+  });
+
   const handlers = createHandlers({
+    ...createChatHandlers({ chat, timeoutMs: config.chat.timeoutMs, idempotency }),
     ...createCatalogHandlers(catalog),
     ...createKeyHandlers({
       keys,
