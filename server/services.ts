@@ -13,6 +13,9 @@ import { createCatalogHandlers } from './domains/catalog/handlers.ts';
 import { createChatHandlers } from './domains/chat/handlers.ts';
 import { createChatProviders } from './domains/chat/providers.ts';
 import { createChatService } from './domains/chat/service.ts';
+import { createImageHandlers } from './domains/images/handlers.ts';
+import { createImageProviders } from './domains/images/providers.ts';
+import { createImageService } from './domains/images/service.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
 import { createRpcDomain, type RpcDomain } from './domains/rpc/index.ts';
@@ -115,6 +118,14 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   const handlers = createHandlers({
     ...createChatHandlers({ chat, timeoutMs: config.chat.timeoutMs }),
     ...createCatalogHandlers(catalog),
+    ...createImageHandlers({
+      images: createImageService({
+        catalog,
+        charges,
+        isPro: async (accountId) => (await accounts.get(accountId)).pro,
+        providerFor: createImageProviders({ config, metrics }),
+      }),
+    }),
     ...createKeyHandlers({
       keys,
       ledger,
