@@ -3927,7 +3927,7 @@ export interface components {
          *     - **asr**: `per_audio_second`, per second of submitted audio.
          *     - **image**: `generation` per image, or `resolutions` per image at each resolution tier, refined by
          *       `quality` where the model has quality tiers; `upscale` for the upscale factors; `web_search` per search
-         *       on models with `supportsWebSearch`.
+         *       on models with `supportsWebSearch`; `enhance_prompt` per prompt rewrite.
          *
          *     - **upscale**: `generation` per job and `upscale` per factor.
          *     - **inpaint**: `generation` per edit.
@@ -3963,6 +3963,8 @@ export interface components {
             per_audio_second?: components["schemas"]["ModelPrice"];
             /** @description Video and music models: price per second of produced media. */
             per_second?: components["schemas"]["ModelPrice"];
+            /** @description Image models: price of one prompt rewrite by `enhance_prompt`, charged only when the prompt was actually rewritten. */
+            enhance_prompt?: components["schemas"]["ModelPrice"];
         };
         /**
          * ModelConstraintDefault

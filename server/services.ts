@@ -15,6 +15,9 @@ import { createChatHandlers } from './domains/chat/handlers.ts';
 import { createChatProviders } from './domains/chat/providers.ts';
 import { createChatService } from './domains/chat/service.ts';
 import { createScraper } from './domains/chat/web/scrape.ts';
+import { createImageHandlers } from './domains/images/handlers.ts';
+import { createImageProviders } from './domains/images/providers.ts';
+import { createImageService } from './domains/images/service.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
 import { createRpcDomain, type RpcDomain } from './domains/rpc/index.ts';
@@ -162,6 +165,14 @@ export async function createServices(
   const handlers = createHandlers({
     ...createChatHandlers({ chat, timeoutMs: config.chat.timeoutMs, idempotency }),
     ...createCatalogHandlers(catalog),
+    ...createImageHandlers({
+      images: createImageService({
+        catalog,
+        charges,
+        isPro: async (accountId) => (await accounts.get(accountId)).pro,
+        providerFor: createImageProviders({ config, metrics }),
+      }),
+    }),
     ...createKeyHandlers({
       keys,
       ledger,

@@ -171,6 +171,7 @@ export const pricingSchema = z.strictObject({
   upscale: z.strictObject({ '2x': priceSchema.optional(), '4x': priceSchema.optional() }).optional(),
   per_audio_second: priceSchema.optional(),
   per_second: priceSchema.optional(),
+  enhance_prompt: priceSchema.optional(),
 });
 
 const constraintDefault = z.strictObject({ default: z.number() });
@@ -389,6 +390,7 @@ function modelEntryProblems(entry: z.output<typeof modelEntrySchema>): Problem[]
     'model_spec',
     'supportsOptimizePromptThinking',
   ]);
+  onlyFor(['image'], pricing.enhance_prompt, ['model_spec', 'pricing', 'enhance_prompt']);
   onlyFor(['video'], entry.video, ['video']);
   onlyFor(['video'], constraints.model_type, ['model_spec', 'constraints', 'model_type']);
 
