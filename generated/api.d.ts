@@ -1466,7 +1466,7 @@ export interface components {
              * @default true
              */
             include_service_system_prompt?: boolean;
-            /** @description End-to-end encryption of the prompt and answer between the client and a trusted execution environment, for models that support it. Ignored by other models. The default depends on the model. */
+            /** @description End-to-end encryption of the prompt and answer between the client and a trusted execution environment, for models that support it; asking for it (`true`) on another model is a 400. The default depends on the model. */
             enable_e2ee?: boolean;
         };
         /**
