@@ -18,6 +18,7 @@ export default defineConfig({
         test: {
           name: 'integration',
           include: ['test/integration/**/*.test.ts'],
+          globalSetup: ['test/support/global-setup.ts'],
           testTimeout: 60_000,
           hookTimeout: 120_000,
         },

@@ -10,6 +10,7 @@ import { createApp } from '../../server/app.ts';
 import { bootstrap } from '../../server/bootstrap.ts';
 import { loadConfig } from '../../server/config.ts';
 import { createServices, type Services } from '../../server/services.ts';
+import { withCoverage } from '../support/coverage.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
 import { type RpcStandIn, startRpcStandIn } from '../support/rpc-upstream.ts';
 
@@ -30,7 +31,7 @@ async function startInstance(databaseUrl: string, env: Record<string, string>) {
   });
   const services = await createServices(config, pino({ level: 'silent' }));
   await bootstrap(services, { adminApiKey: ADMIN, bootstrapBalanceUsd: '10' });
-  const server = createApp(services.app).listen(0, '127.0.0.1');
+  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
   await new Promise<void>((resolve) => server.once('listening', () => resolve()));
   const instance = {
     services,

@@ -16,6 +16,7 @@ import { createApp } from '../../server/app.ts';
 import { loadConfig } from '../../server/config.ts';
 import type { Handler } from '../../server/http/contract.ts';
 import { createServices, type Services } from '../../server/services.ts';
+import { withCoverage } from '../support/coverage.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-charge-'));
@@ -76,7 +77,7 @@ beforeAll(async () => {
   });
   services = await createServices(config, pino({ level: 'silent' }));
   const app = createApp({
-    ...services.app,
+    ...withCoverage(services.app),
     handlers: { ...services.app.handlers, createChatCompletion: chatHandler },
   });
   const server = app.listen(0, '127.0.0.1');

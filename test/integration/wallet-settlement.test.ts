@@ -24,6 +24,7 @@ import { createServices, type Services } from '../../server/services.ts';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
 import { createPendingSettlementStore } from '../../server/storage/x402-payments.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
+import { withCoverage } from '../support/coverage.ts';
 import { installTestUsdc, mintUsdc, usdcBalance } from '../support/x402/contracts.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-settlement-'));
@@ -59,7 +60,7 @@ async function startServer(name: string, env: Record<string, string>, facilitato
     pino({ level: 'silent' }),
     facilitator ? { facilitator } : {},
   );
-  const server = createApp(services.app).listen(0, '127.0.0.1');
+  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
   await new Promise<void>((resolve) => server.once('listening', () => resolve()));
   cleanups.push(async () => {
     server.closeAllConnections();

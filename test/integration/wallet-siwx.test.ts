@@ -13,6 +13,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createApp } from '../../server/app.ts';
 import { loadConfig } from '../../server/config.ts';
 import { createServices, type Services } from '../../server/services.ts';
+import { withCoverage } from '../support/coverage.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
 import {
   evmSignIn,
@@ -35,7 +36,7 @@ async function startServer(databaseUrl: string) {
     X402_PAY_TO_BASE: '0x7a3B9c2D1e4F5a6B7c8D9e0F1a2B3c4D5e6F7a8B',
   });
   const services = await createServices(config, pino({ level: 'silent' }));
-  const server = createApp(services.app).listen(0, '127.0.0.1');
+  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
   await new Promise<void>((resolve) => server.once('listening', () => resolve()));
   const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
   return {

@@ -15,6 +15,7 @@ import { createApp } from '../../server/app.ts';
 import { loadConfig } from '../../server/config.ts';
 import { createServices } from '../../server/services.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
+import { withCoverage } from '../support/coverage.ts';
 import { deploySmartWallet } from '../support/x402/contracts.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
@@ -33,7 +34,7 @@ async function startServer(env: Record<string, string>) {
     ...env,
   });
   const services = await createServices(config, pino({ level: 'silent' }));
-  const server = createApp(services.app).listen(0, '127.0.0.1');
+  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
   await new Promise<void>((resolve) => server.once('listening', () => resolve()));
   closers.push(async () => {
     server.closeAllConnections();

@@ -16,6 +16,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createApp } from '../../server/app.ts';
 import { loadConfig } from '../../server/config.ts';
 import { createServices, type Services } from '../../server/services.ts';
+import { withCoverage } from '../support/coverage.ts';
 import { type SolanaRpcStandIn, solanaKeyPair, startSolanaRpcStandIn } from '../support/x402/solana-rpc.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-solana-'));
@@ -43,7 +44,7 @@ beforeAll(async () => {
     X402_SOLANA_FACILITATOR_PRIVATE_KEY: facilitatorKey.secretKeyBase58,
   });
   services = await createServices(config, pino({ level: 'silent' }));
-  const server = createApp(services.app).listen(0, '127.0.0.1');
+  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
   await new Promise<void>((resolve) => server.once('listening', () => resolve()));
   base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
   closeServer = async () => {

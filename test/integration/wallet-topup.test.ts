@@ -19,6 +19,7 @@ import { createApp } from '../../server/app.ts';
 import { loadConfig } from '../../server/config.ts';
 import { createServices, type Services } from '../../server/services.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
+import { withCoverage } from '../support/coverage.ts';
 import { BASE_USDC, installTestUsdc, mintUsdc, usdcBalance } from '../support/x402/contracts.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-topup-'));
@@ -47,7 +48,7 @@ beforeAll(async () => {
     X402_FACILITATOR_PRIVATE_KEY: FACILITATOR_KEY,
   });
   services = await createServices(config, pino({ level: 'silent' }));
-  const server = createApp(services.app).listen(0, '127.0.0.1');
+  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
   await new Promise<void>((resolve) => server.once('listening', () => resolve()));
   base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
   closeServer = async () => {

@@ -10,6 +10,7 @@ import { createHandlers, type HandlerGroups } from '../../server/handlers.ts';
 import type { AuthPorts } from '../../server/http/auth.ts';
 import { loadContract } from '../../server/http/spec.ts';
 import { createMetrics } from '../../server/observability/metrics.ts';
+import { recordingMetrics } from './coverage.ts';
 
 export type TestApp = { url: string; origin: string; config: Config; close(): Promise<void> };
 
@@ -38,7 +39,7 @@ export async function startTestApp(
     logger: pino({ level: 'silent' }),
     auth,
     handlers: createHandlers(options.handlers ?? {}),
-    metrics: createMetrics(),
+    metrics: recordingMetrics(createMetrics()),
     readiness: options.readiness ?? (async () => {}),
   });
   const server = app.listen(0, '127.0.0.1');

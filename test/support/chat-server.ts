@@ -12,6 +12,7 @@ import { createApp } from '../../server/app.ts';
 import { loadConfig } from '../../server/config.ts';
 import { parseUsdToNano } from '../../server/money.ts';
 import { createServices, type Services } from '../../server/services.ts';
+import { withCoverage } from './coverage.ts';
 
 export type ChatServer = {
   base: string;
@@ -38,7 +39,7 @@ export async function startChatServer(
     env.SERVICE_CONFIG = path;
   }
   const services = await createServices(loadConfig(env), pino({ level: 'silent' }));
-  const server: Server = createApp(services.app).listen(0, '127.0.0.1');
+  const server: Server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
   await new Promise<void>((resolve) => server.once('listening', () => resolve()));
   const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
   return {

@@ -15,6 +15,7 @@ import { type BootstrapResult, bootstrap } from '../../server/bootstrap.ts';
 import { loadConfig } from '../../server/config.ts';
 import { createServices, type Services } from '../../server/services.ts';
 import { repoRoot } from './contract.ts';
+import { withCoverage } from './coverage.ts';
 
 export const TEST_ADMIN_KEY = 'svc_admin_bootstrap_secret_for_tests_0123456789';
 
@@ -53,7 +54,7 @@ export async function startServer(
     adminApiKey: config.adminApiKey,
     bootstrapBalanceUsd: config.bootstrapBalanceUsd,
   });
-  const server = createApp(services.app).listen(0, '127.0.0.1');
+  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
   await new Promise<void>((resolve) => server.once('listening', () => resolve()));
   const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
   const directBase = `${origin}/api/v1`;

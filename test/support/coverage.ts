@@ -1,0 +1,45 @@
+/**
+ * Contract coverage of the test suites: every server a test starts records each answered request as
+ * `operationId <TAB> status` into `coverage/contract/` (one file per test process). `npm run coverage:contract`
+ * (the last step of `npm test`) compares the records with the operations and documented statuses of
+ * `generated/openapi.yaml`: it fails if an operation was never called, and reports the documented statuses the
+ * suites never produced.
+ */
+import { appendFileSync, mkdirSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import type { AppDeps } from '../../server/app.ts';
+import type { Metrics } from '../../server/observability/metrics.ts';
+import { repoRoot } from './contract.ts';
+
+export const COVERAGE_DIR = join(repoRoot, 'coverage', 'contract');
+const file = join(COVERAGE_DIR, `${process.pid}-${Math.random().toString(36).slice(2)}.tsv`);
+
+/** Removes the records of an earlier run (the integration project's global setup calls it). */
+export function resetCoverage(): void {
+  rmSync(COVERAGE_DIR, { recursive: true, force: true });
+  mkdirSync(COVERAGE_DIR, { recursive: true });
+}
+
+function record(operation: string, status: number): void {
+  try {
+    appendFileSync(file, `${operation}\t${status}\n`);
+  } catch {
+    mkdirSync(COVERAGE_DIR, { recursive: true });
+    appendFileSync(file, `${operation}\t${status}\n`);
+  }
+}
+
+/** Wraps the app's metrics so that every answered operation is also recorded for the coverage report. */
+export function recordingMetrics(metrics: Metrics): Metrics {
+  return {
+    ...metrics,
+    observeRequest(operation, status, seconds) {
+      if (operation && operation !== 'unmatched') record(operation, status);
+      metrics.observeRequest(operation, status, seconds);
+    },
+  };
+}
+
+export function withCoverage(app: AppDeps): AppDeps {
+  return { ...app, metrics: recordingMetrics(app.metrics) };
+}
