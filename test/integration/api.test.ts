@@ -410,7 +410,6 @@ describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
       const r = await call('/chat/completions', {
         method: 'POST',
         key: ADMIN,
-        direct: true,
         body: JSON.stringify({ model: 'deepseek-r1-671b', messages: [{ role: 'user', content: 'hi' }] }),
       });
       expect(r.headers.get('x-service-balance-usd')).toMatch(/^\d+\.\d{8}$/);
@@ -420,7 +419,6 @@ describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
       const current = await call('/chat/completions', {
         method: 'POST',
         key: ADMIN,
-        direct: true,
         body: JSON.stringify({ model: 'llama-3.3-70b', messages: [{ role: 'user', content: 'hi' }] }),
       });
       expect(current.headers.get('x-service-model-deprecation-warning')).toBeNull();
