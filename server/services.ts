@@ -16,6 +16,10 @@ import { createChatService } from './domains/chat/service.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
 import { createRpcDomain, type RpcDomain } from './domains/rpc/index.ts';
+import { createVideoHandlers } from './domains/video/handlers.ts';
+import { createVideoProviders } from './domains/video/providers.ts';
+import { createVideoService, type VideoService } from './domains/video/service.ts';
+import { createVideoWorker, type VideoWorker } from './domains/video/worker.ts';
 import { discoveryPaymentRequired } from './domains/wallet/discovery.ts';
 import { createHandlers } from './handlers.ts';
 import type { AuthPorts, Principal } from './http/auth.ts';
@@ -30,6 +34,7 @@ import { createIdempotency, type IdempotencyStore } from './storage/idempotency.
 import { createLedger, type LedgerRepository } from './storage/ledger.ts';
 import { migrate } from './storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from './storage/rate-limits.ts';
+import { createVideoJobs, type VideoJobsRepository } from './storage/video-jobs.ts';
 
 export type Services = {
   config: Config;
@@ -41,6 +46,8 @@ export type Services = {
   rateLimits: RateLimitsRepository;
   idempotency: IdempotencyStore;
   rpc: RpcDomain;
+  /** Video jobs: the store, the service and this instance's worker (`main.ts` starts and stops it). */
+  video: { jobs: VideoJobsRepository; service: VideoService; worker: VideoWorker };
   app: AppDeps;
   close(): Promise<void>;
 };
@@ -112,6 +119,27 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       limiter.consumeTokens(principal, await tierOf(principal.accountId), modelId, tokens),
   });
 
+  const videoJobs = createVideoJobs(database);
+  const videoWorker = createVideoWorker({
+    jobs: videoJobs,
+    ledger,
+    catalog,
+    providerFor: createVideoProviders({ config, upstreamPollMs: config.video.upstreamPollMs }),
+    leaseMs: config.video.leaseMs,
+    pollIntervalMs: config.video.pollIntervalMs,
+    concurrency: config.video.concurrency,
+    logger,
+  });
+  const video = createVideoService({
+    catalog,
+    charges,
+    ledger,
+    jobs: videoJobs,
+    isPro: async (accountId) => (await accounts.get(accountId)).pro,
+    mediaTtlMs: config.video.mediaTtlMs,
+    wake: () => videoWorker.wake(),
+  });
+
   const handlers = createHandlers({
     ...createChatHandlers({ chat, timeoutMs: config.chat.timeoutMs }),
     ...createCatalogHandlers(catalog),
@@ -124,6 +152,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     }),
     ...createBillingHandlers({ ledger, keys, modelType: (id) => catalog.getModel(id)?.type }),
     ...rpc.handlers,
+    ...createVideoHandlers({ video }),
   });
 
   metrics.addGauge({
@@ -192,9 +221,11 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     rateLimits,
     idempotency,
     rpc,
+    video: { jobs: videoJobs, service: video, worker: videoWorker },
     app,
-    close: () => {
+    close: async () => {
       rpc.close();
+      await videoWorker.stop();
       return database.close();
     },
   };
