@@ -13,6 +13,8 @@ import { createCatalogHandlers } from './domains/catalog/handlers.ts';
 import { createChatHandlers } from './domains/chat/handlers.ts';
 import { createChatProviders } from './domains/chat/providers.ts';
 import { createChatService } from './domains/chat/service.ts';
+import { createDecisionHandlers } from './domains/decisions/handlers.ts';
+import { createDecisionService } from './domains/decisions/service.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
 import { createRpcDomain, type RpcDomain } from './domains/rpc/index.ts';
@@ -153,6 +155,14 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     ...createBillingHandlers({ ledger, keys, modelType: (id) => catalog.getModel(id)?.type }),
     ...rpc.handlers,
     ...createVideoHandlers({ video }),
+    ...createDecisionHandlers({
+      decisions: createDecisionService({
+        catalog,
+        charges,
+        isPro: async (accountId) => (await accounts.get(accountId)).pro,
+        providerFor: createChatProviders({ config, metrics }),
+      }),
+    }),
   });
 
   metrics.addGauge({
