@@ -36,6 +36,8 @@ export type AppDeps = {
    * the ApiError to answer with (429).
    */
   admit?(input: { operationId: OperationId; principal: Principal; body: unknown }): Promise<ReplyHeaders>;
+  /** Routes outside the contract and its base path (pre-signed media links), mounted before authentication. */
+  mountRoutes?(app: express.Express): void;
 };
 
 type Locals = {
@@ -163,6 +165,7 @@ export function createApp(deps: AppDeps): express.Express {
   );
 
   mountOperationsSurface(app, deps);
+  deps.mountRoutes?.(app);
 
   // Authentication, from the operation's `security` in the spec.
   app.use(BASE_PATH, (req, res, next) => {

@@ -18,6 +18,7 @@ import { createDecisionService } from './domains/decisions/service.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
 import { createRpcDomain, type RpcDomain } from './domains/rpc/index.ts';
+import { mountVideoDownloads } from './domains/video/download-route.ts';
 import { createVideoHandlers } from './domains/video/handlers.ts';
 import { createVideoProviders } from './domains/video/providers.ts';
 import { createVideoService, type VideoService } from './domains/video/service.ts';
@@ -140,6 +141,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     isPro: async (accountId) => (await accounts.get(accountId)).pro,
     mediaTtlMs: config.video.mediaTtlMs,
     wake: () => videoWorker.wake(),
+    publicOrigin: config.publicOrigin,
   });
 
   const handlers = createHandlers({
@@ -208,6 +210,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     handlers,
     metrics,
     readiness: () => database.ping(),
+    mountRoutes: (express) => mountVideoDownloads(express, { video }),
     async admit({ operationId, principal, body }) {
       const requested = (body as { model?: unknown } | undefined)?.model;
       const model = typeof requested === 'string' ? requested : undefined;

@@ -403,12 +403,33 @@ describe('video lifecycle on the local engine', () => {
     };
     const queued = await post(server, '/video/queue', { ...body, consents }, key);
     expect(queued.status).toBe(200);
-    const { queue_id, model } = (await queued.json()) as { queue_id: string; model: string };
+    const { queue_id, model, download_url } = (await queued.json()) as {
+      queue_id: string;
+      model: string;
+      download_url: string;
+    };
+    // This model delivers through a pre-signed link: retrieve reports COMPLETED with it, never the bytes.
+    expect(download_url).toMatch(new RegExp(`/media/video/${queue_id}\\.mp4\\?expires=\\d+&token=`));
+    const link = new URL(download_url);
+    const local = `${server.origin}${link.pathname}${link.search}`;
+    expect((await fetch(local)).status).toBe(404); // not rendered yet
     await server.services.video.worker.runOnce();
     const done = await post(server, '/video/retrieve', { model, queue_id }, key);
     expect(done.status).toBe(200);
-    const probe = decode(Buffer.from(await done.arrayBuffer()), 'i2v.mp4');
+    expect(await done.json()).toMatchObject({ status: 'COMPLETED', download_url });
+
+    const downloaded = await fetch(local);
+    expect(downloaded.headers.get('content-type')).toBe('video/mp4');
+    const probe = decode(Buffer.from(await downloaded.arrayBuffer()), 'i2v.mp4');
     expect(probe.streams[0]).toMatchObject({ codec_name: 'h264', width: 960, height: 480 });
+
+    const forged = `${server.origin}${link.pathname}?token=${'A'.repeat(32)}`;
+    expect((await fetch(forged)).status).toBe(404);
+    expect((await fetch(forged, { method: 'DELETE' })).status).toBe(404);
+    // DELETE on the link revokes it: the media and the job are gone.
+    expect((await fetch(local, { method: 'DELETE' })).status).toBe(200);
+    expect((await fetch(local)).status).toBe(404);
+    expect((await post(server, '/video/retrieve', { model, queue_id }, key)).status).toBe(404);
   });
 });
 

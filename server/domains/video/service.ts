@@ -12,7 +12,7 @@
  *
  * A job is visible only to the account that queued it; anything else answers 404, as does an expired job.
  */
-import { randomInt, randomUUID } from 'node:crypto';
+import { randomBytes, randomInt, randomUUID, timingSafeEqual } from 'node:crypto';
 import type {
   VideoQueueRequest,
   VideoQueueResponse,
@@ -47,8 +47,11 @@ export const CONSENT_POLICY = {
     'right to use the likeness of every person shown, and that the media is screened before generation.',
 };
 
-/** Stored with the job: everything the worker needs to run it, minus the backend's model name. */
-export type StoredVideoParams = Omit<VideoGenerationRequest, 'model'>;
+/**
+ * Stored with the job: everything the worker needs to run it, minus the backend's model name, plus the secret
+ * of its download link on models that deliver through one.
+ */
+export type StoredVideoParams = Omit<VideoGenerationRequest, 'model'> & { downloadToken?: string };
 
 export type VideoServiceDeps = {
   catalog: CatalogService;
@@ -60,8 +63,8 @@ export type VideoServiceDeps = {
   mediaTtlMs: number;
   /** Tells the local worker that a job is waiting (it also polls). */
   wake?(): void;
-  /** The signed download link of a job on a model that delivers through one. */
-  downloadUrl?(jobId: string): string;
+  /** Origin of the download links of models that deliver through one (`video.downloadUrl`). */
+  publicOrigin?: string;
   now?: () => number;
 };
 
@@ -91,8 +94,19 @@ export async function refundJob(
   await deps.jobs.markRefunded(job.id);
 }
 
+/** Path of a job's download link, outside the API base path (see download-route.ts). */
+export const DOWNLOAD_PATH = '/media/video';
+
 export function createVideoService(deps: VideoServiceDeps) {
   const now = deps.now ?? Date.now;
+
+  /** The pre-signed link of a job: its secret token and expiry in the query. */
+  function downloadUrlOf(job: { id: string; params: unknown; expiresAtMs: number }): string | undefined {
+    const token = (job.params as StoredVideoParams).downloadToken;
+    if (!token || !deps.publicOrigin) return undefined;
+    const expires = Math.floor(job.expiresAtMs / 1000);
+    return `${deps.publicOrigin}${DOWNLOAD_PATH}/${job.id}.mp4?expires=${expires}&token=${token}`;
+  }
 
   function resolveModel(name: string): CatalogModel {
     const resolved = deps.catalog.resolveModel(name, 'video');
@@ -226,9 +240,10 @@ export function createVideoService(deps: VideoServiceDeps) {
         seed: body.seed ?? randomInt(0, 999_999_999),
         ...(body.image_url ? { imageUrl: body.image_url } : {}),
         ...(body.end_image_url ? { endImageUrl: body.end_image_url } : {}),
+        ...(model.video?.downloadUrl ? { downloadToken: randomBytes(24).toString('base64url') } : {}),
       };
       const id = randomUUID();
-      await deps.jobs.create({
+      const created = await deps.jobs.create({
         id,
         accountId: principal.accountId,
         apiKeyId: principal.kind === 'apiKey' ? principal.keyId : null,
@@ -256,7 +271,7 @@ export function createVideoService(deps: VideoServiceDeps) {
       );
       await deps.jobs.markQueued(id);
       deps.wake?.();
-      const downloadUrl = model.video?.downloadUrl && deps.downloadUrl ? deps.downloadUrl(id) : undefined;
+      const downloadUrl = downloadUrlOf(created);
       return {
         response: { model: model.id, queue_id: id, ...(downloadUrl ? { download_url: downloadUrl } : {}) },
         model,
@@ -304,7 +319,8 @@ export function createVideoService(deps: VideoServiceDeps) {
           body: { status: 'PROCESSING', average_execution_time: typical, execution_duration: executionMs },
         };
       }
-      if (model?.video?.downloadUrl && deps.downloadUrl) {
+      const link = model?.video?.downloadUrl ? downloadUrlOf(job) : undefined;
+      if (link) {
         return {
           kind: 'status',
           job,
@@ -312,7 +328,7 @@ export function createVideoService(deps: VideoServiceDeps) {
             status: 'COMPLETED',
             average_execution_time: typical,
             execution_duration: executionMs,
-            download_url: deps.downloadUrl(job.id),
+            download_url: link,
           },
         };
       }
@@ -328,11 +344,21 @@ export function createVideoService(deps: VideoServiceDeps) {
       return deps.jobs.delete(job.id);
     },
 
-    /** The media of a job for its signed download link (the signature was checked by the caller). */
-    async download(jobId: string) {
-      const job = await deps.jobs.get(jobId);
-      if (!job || job.status !== 'completed' || job.expiresAtMs <= now()) return undefined;
-      return deps.jobs.getMedia(jobId);
+    /**
+     * The video behind a download link, when the token matches and the link has not expired; undefined for an
+     * unknown, unfinished, deleted or expired job or a wrong token. `revoke` deletes the job and its media.
+     */
+    async download(input: { jobId: string; token: string; revoke?: boolean }) {
+      const job = await deps.jobs.get(input.jobId);
+      const expected = (job?.params as StoredVideoParams | undefined)?.downloadToken;
+      if (!job || !expected || job.expiresAtMs <= now()) return undefined;
+      const a = Buffer.from(expected);
+      const b = Buffer.from(input.token);
+      if (a.length !== b.length || !timingSafeEqual(a, b)) return undefined;
+      if (input.revoke) return (await deps.jobs.delete(job.id)) ? { revoked: true as const } : undefined;
+      if (job.status !== 'completed') return undefined;
+      const media = await deps.jobs.getMedia(job.id);
+      return media ? { media } : undefined;
     },
   };
 }

@@ -112,7 +112,7 @@ export function createVideoWorker(deps: VideoWorkerDeps) {
     heartbeat.unref();
     let handle = job.upstreamHandle ?? undefined;
     try {
-      const params = job.params as StoredVideoParams;
+      const { downloadToken: _secret, ...params } = job.params as StoredVideoParams;
       const result = await provider.generate(
         { ...params, model: backend.kind === 'local' ? model.id : backend.upstreamModel },
         {
