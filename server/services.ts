@@ -219,7 +219,15 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       const limits =
         operationId === 'callCryptoRpc'
           ? {}
-          : (await limiter.admit(principal, await tierOf(principal.accountId), model)).headers;
+          : (
+              await limiter.admit(
+                principal,
+                await tierOf(principal.accountId),
+                // Polling a video job and cleaning it up are free: they count against the general
+                // per-minute budget, not the model's (40 queued jobs a minute would allow little polling).
+                operationId === 'retrieveVideo' || operationId === 'completeVideo' ? undefined : model,
+              )
+            ).headers;
       return inference ? { ...limits, ...(await inferenceHeaders(principal, model)) } : limits;
     },
   };

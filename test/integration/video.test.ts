@@ -326,6 +326,23 @@ describe('video lifecycle on the local engine', () => {
     await server.services.video.worker.runOnce();
   });
 
+  test("behavior: polling retrieve is not held to the model's 40 requests a minute", async () => {
+    const { key } = await server.account('5');
+    const queued = await post(
+      server,
+      '/video/queue',
+      { model: 'wan-2-7-text-to-video', prompt: 'patience', duration: '5s', resolution: '480p' },
+      key,
+    );
+    const job = (await queued.json()) as { queue_id: string; model: string };
+    for (let i = 0; i < 60; i++) {
+      const res = await post(server, '/video/retrieve', job, key);
+      expect(res.status).toBe(200);
+      await res.arrayBuffer();
+    }
+    await server.services.video.worker.runOnce();
+  });
+
   test('behavior: a balance below the price -> 402 and nothing is charged or queued', async () => {
     const { accountId, key } = await server.account('0.2');
     const res = await post(
