@@ -27,7 +27,7 @@ export default defineConfig({
         // (test/support/server.ts): an independent check of every response against the contract.
         test: {
           name: 'proxy',
-          include: ['test/integration/api.test.ts'],
+          include: ['test/integration/api.test.ts', 'test/integration/rpc.test.ts'],
           env: { VIA_PRISM_PROXY: '1' },
           testTimeout: 60_000,
           hookTimeout: 120_000,

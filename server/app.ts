@@ -38,7 +38,17 @@ export type AppDeps = {
   admit?(input: { operationId: OperationId; principal: Principal; body: unknown }): Promise<ReplyHeaders>;
   /** Routes outside the contract and its base path (pre-signed media links), mounted before authentication. */
   mountRoutes?(app: express.Express): void;
+  /**
+   * Takes one of the caller's in-flight slots before admission (wallets: at most 5 paid requests at once);
+   * returns the release, called when the response is over, or throws the ApiError to answer with (429).
+   */
+  acquireSlot?(input: { operationId: OperationId; principal: Principal }): Promise<(() => void) | undefined>;
+  /** Headers computed once the handler is done, before the reply is written (`X-Balance-Remaining`). */
+  replyHeaders?(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders>;
 };
+
+/** Names of the x402 payment header; only the top-up operation reads them. */
+const PAYMENT_HEADERS = ['payment-signature', 'x-payment', 'x-402-payment'];
 
 type Locals = {
   requestId: string;
@@ -173,6 +183,18 @@ export function createApp(deps: AppDeps): express.Express {
     if (!op) return next();
     const locals = res.locals as Locals;
     locals.operationId = op.operationId;
+    // A payment sent anywhere but the top-up would be silently ignored: refuse it instead.
+    if (op.operationId !== 'topUpX402Balance' && PAYMENT_HEADERS.some((name) => req.headers[name])) {
+      return next(
+        new ApiError(
+          400,
+          'Payment headers are accepted only by POST /x402/top-up; sign in with SIGN-IN-WITH-X',
+          {
+            code: 'PAYMENT_HEADER_NOT_ACCEPTED',
+          },
+        ),
+      );
+    }
     resolvePrincipal(req, op, deps.auth).then(
       (principal) => {
         if (principal) locals.principal = principal;
@@ -245,14 +267,26 @@ export function createApp(deps: AppDeps): express.Express {
       signal: aborter.signal,
       setHeader: (name: string, value: string | number) => res.setHeader(name, value),
     } as unknown as HandlerContext<OperationId>;
-    const admitted =
-      deps.admit && locals.principal
-        ? deps.admit({ operationId, principal: locals.principal, body: req.body })
+    const principal = locals.principal;
+    const slot =
+      deps.acquireSlot && principal
+        ? deps.acquireSlot({ operationId, principal })
+        : Promise.resolve(undefined);
+    const admitted = slot.then((release) => {
+      if (release) res.on('close', release);
+      return deps.admit && principal
+        ? deps.admit({ operationId, principal, body: req.body })
         : Promise.resolve<ReplyHeaders>({});
+    });
     admitted
-      .then((headers) => {
+      .then(async (headers) => {
         for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
-        return handler(ctx);
+        const reply = await handler(ctx);
+        if (deps.replyHeaders && principal) {
+          const after = await deps.replyHeaders({ operationId, principal });
+          reply.headers = { ...reply.headers, ...after };
+        }
+        return reply;
       })
       .then(
         (reply) => writeReply(res, reply, aborter.signal).catch(next),

@@ -51,6 +51,9 @@ const variables = z.object({
     .regex(/^[1-9A-HJ-NP-Za-km-z]{32,44}$/, 'a Solana address')
     .optional(),
   JSON_BODY_LIMIT_MB: z.coerce.number().int().min(1).max(100).default(35),
+  CHAT_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(300_000),
+  UPSTREAM_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(120_000),
+  LOCAL_CHAT_TOKEN_DELAY_MS: z.coerce.number().int().min(0).max(1_000).default(0),
   RPC_PRICE_PER_CREDIT_USD: usd.default('0.0000007'),
   RPC_UPSTREAM_TIMEOUT_MS: z.coerce.number().int().min(100).max(600_000).default(10_000),
   RPC_MAX_RESPONSE_MB: z.coerce.number().int().min(1).max(512).default(32),
@@ -62,9 +65,6 @@ const variables = z.object({
   ...(Object.fromEntries(
     RPC_NETWORK_SLUGS.map((slug) => [upstreamVariable(slug), upstreamListSchema.optional()]),
   ) as Record<string, z.ZodOptional<typeof upstreamListSchema>>),
-  CHAT_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(300_000),
-  UPSTREAM_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(120_000),
-  LOCAL_CHAT_TOKEN_DELAY_MS: z.coerce.number().int().min(0).max(1_000).default(0),
   SEARXNG_URL: z
     .url()
     .regex(/^https?:\/\//, 'an http(s) URL')
@@ -80,6 +80,21 @@ const variables = z.object({
   VIDEO_JOB_LEASE_MS: z.coerce.number().int().min(1_000).max(3_600_000).default(60_000),
   VIDEO_MEDIA_TTL_HOURS: z.coerce.number().int().min(1).max(720).default(24),
   VIDEO_UPSTREAM_POLL_MS: z.coerce.number().int().min(10).max(60_000).default(2_000),
+  X402_FACILITATOR_URL: z.url().optional(),
+  X402_BASE_RPC_URL: z.url().optional(),
+  X402_FACILITATOR_PRIVATE_KEY: z
+    .string()
+    .regex(/^0x[0-9a-fA-F]{64}$/, 'a 32-byte hex private key (0x…)')
+    .optional(),
+  X402_SOLANA_RPC_URL: z.url().optional(),
+  X402_SOLANA_FACILITATOR_PRIVATE_KEY: z
+    .string()
+    .regex(/^[1-9A-HJ-NP-Za-km-z]{64,90}$/, 'a base58 64-byte Solana secret key')
+    .optional(),
+  X402_EIP6492_FACTORIES: z
+    .string()
+    .regex(/^(0x[0-9a-fA-F]{40})(,0x[0-9a-fA-F]{40})*$/, 'comma-separated EVM addresses')
+    .optional(),
 });
 
 /** Every environment variable the server reads (the README and .env.example document each). */
@@ -104,6 +119,11 @@ const schema = variables.transform((env) => ({
   colo: env.SERVICE_COLO,
   reservationTtlMs: env.RESERVATION_TTL_MS,
   jsonBodyLimitBytes: env.JSON_BODY_LIMIT_MB * 1024 * 1024,
+  chat: {
+    timeoutMs: env.CHAT_TIMEOUT_MS,
+    upstreamTimeoutMs: env.UPSTREAM_TIMEOUT_MS,
+    localTokenDelayMs: env.LOCAL_CHAT_TOKEN_DELAY_MS,
+  },
   rpc: {
     pricePerCreditUsd: env.RPC_PRICE_PER_CREDIT_USD,
     upstreamTimeoutMs: env.RPC_UPSTREAM_TIMEOUT_MS,
@@ -121,15 +141,16 @@ const schema = variables.transform((env) => ({
       }),
     ) as Record<string, string[]>,
   },
-  chat: {
-    timeoutMs: env.CHAT_TIMEOUT_MS,
-    upstreamTimeoutMs: env.UPSTREAM_TIMEOUT_MS,
-    localTokenDelayMs: env.LOCAL_CHAT_TOKEN_DELAY_MS,
-  },
   x402: {
     payToBase: env.X402_PAY_TO_BASE,
     payToSolana: env.X402_PAY_TO_SOLANA,
     solanaFeePayer: env.X402_SOLANA_FEE_PAYER,
+    facilitatorUrl: env.X402_FACILITATOR_URL,
+    baseRpcUrl: env.X402_BASE_RPC_URL,
+    facilitatorPrivateKey: env.X402_FACILITATOR_PRIVATE_KEY as `0x${string}` | undefined,
+    solanaRpcUrl: env.X402_SOLANA_RPC_URL,
+    solanaFacilitatorPrivateKey: env.X402_SOLANA_FACILITATOR_PRIVATE_KEY,
+    eip6492Factories: env.X402_EIP6492_FACTORIES?.split(',') ?? [],
   },
   /** Web search for chat; `searxngUrl` unset means web search is unavailable. */
   search: { searxngUrl: env.SEARXNG_URL, timeoutMs: env.SEARCH_TIMEOUT_MS },

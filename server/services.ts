@@ -7,12 +7,14 @@ import type { AppDeps } from './app.ts';
 import { loadCatalog } from './catalog/load.ts';
 import { type CatalogService, createCatalogService } from './catalog/service.ts';
 import type { Config } from './config.ts';
-import { createCharges } from './domains/billing/charges.ts';
+import { type Charges, createCharges } from './domains/billing/charges.ts';
 import { createBillingHandlers } from './domains/billing/handlers.ts';
 import { createCatalogHandlers } from './domains/catalog/handlers.ts';
+import { createFileConverter } from './domains/chat/files/converter.ts';
 import { createChatHandlers } from './domains/chat/handlers.ts';
 import { createChatProviders } from './domains/chat/providers.ts';
 import { createChatService } from './domains/chat/service.ts';
+import { createScraper } from './domains/chat/web/scrape.ts';
 import { createDecisionHandlers } from './domains/decisions/handlers.ts';
 import { createDecisionService } from './domains/decisions/service.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
@@ -24,12 +26,15 @@ import { createVideoProviders } from './domains/video/providers.ts';
 import { createVideoService, type VideoService } from './domains/video/service.ts';
 import { createVideoWorker, type VideoWorker } from './domains/video/worker.ts';
 import { discoveryPaymentRequired } from './domains/wallet/discovery.ts';
+import { createWalletDomain, type WalletDomain } from './domains/wallet/index.ts';
 import { createHandlers } from './handlers.ts';
 import type { AuthPorts, Principal } from './http/auth.ts';
 import type { ReplyHeaders } from './http/contract.ts';
 import { loadContract } from './http/spec.ts';
 import { formatUsdFixed, nanoToUsdNumber } from './money.ts';
 import { createMetrics } from './observability/metrics.ts';
+import { createSearxngSearch } from './providers/search/searxng.ts';
+import type { Facilitator } from './providers/x402/facilitator.ts';
 import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
 import { createDatabase, type Database } from './storage/database.ts';
@@ -51,11 +56,23 @@ export type Services = {
   rpc: RpcDomain;
   /** Video jobs: the store, the service and this instance's worker (`main.ts` starts and stops it). */
   video: { jobs: VideoJobsRepository; service: VideoService; worker: VideoWorker };
+  /** Reserve -> capture -> release for every paid operation (wallets get the wallet 402). */
+  charges: Charges;
+  wallet: WalletDomain;
   app: AppDeps;
   close(): Promise<void>;
 };
 
-export async function createServices(config: Config, logger: Logger): Promise<Services> {
+export type ServicesOptions = {
+  /** Replaces the x402 facilitator the configuration describes (tests). */
+  facilitator?: Facilitator;
+};
+
+export async function createServices(
+  config: Config,
+  logger: Logger,
+  options: ServicesOptions = {},
+): Promise<Services> {
   const contract = loadContract();
   const loadedCatalog = loadCatalog(
     config.serviceConfigPath ? { overridePath: config.serviceConfigPath } : {},
@@ -76,6 +93,23 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   const metrics = createMetrics();
   const tierOf = async (accountId: string) => ((await accounts.get(accountId)).pro ? 'partner' : 'paid');
   const limiter = createRateLimiter({ rateLimits, catalog });
+  const wallet = createWalletDomain({
+    config,
+    database,
+    accounts,
+    ledger,
+    logger,
+    ...(options.facilitator ? { facilitator: options.facilitator } : {}),
+    housekeepingIntervalMs: 60_000,
+    paidOperations: new Set(
+      contract.operations.filter((op) => op.declaresPaymentRequired).map((op) => op.operationId),
+    ),
+  });
+  const charges = createCharges({
+    ledger,
+    reservationTtlMs: config.reservationTtlMs,
+    walletPaymentRequired: wallet.walletPaymentRequired,
+  });
   let rpc: RpcDomain;
   try {
     rpc = createRpcDomain({
@@ -83,10 +117,11 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       section: loadedCatalog.extra.rpc,
       database,
       rateLimits,
-      charges: createCharges({ ledger, reservationTtlMs: config.reservationTtlMs }),
+      charges,
       idempotency,
     });
   } catch (error) {
+    wallet.close();
     await database.close();
     throw error;
   }
@@ -105,6 +140,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
         keyType: result.key.keyType,
       };
     },
+    verifySignInWithX: wallet.verifySignInWithX,
     paymentRequired: (req, op) =>
       discoveryPaymentRequired(
         { publicOrigin: config.publicOrigin, ...config.x402 },
@@ -112,7 +148,6 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       ),
   };
 
-  const charges = createCharges({ ledger, reservationTtlMs: config.reservationTtlMs });
   const chat = createChatService({
     catalog,
     charges,
@@ -120,6 +155,18 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     providerFor: createChatProviders({ config, metrics }),
     consumeTokens: async (principal, modelId, tokens) =>
       limiter.consumeTokens(principal, await tierOf(principal.accountId), modelId, tokens),
+    convertFile: createFileConverter(),
+    web: {
+      scraper: createScraper(config.scrape),
+      ...(config.search.searxngUrl
+        ? {
+            search: createSearxngSearch({
+              baseUrl: config.search.searxngUrl,
+              timeoutMs: config.search.timeoutMs,
+            }),
+          }
+        : {}),
+    },
   });
 
   const videoJobs = createVideoJobs(database);
@@ -145,7 +192,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
   });
 
   const handlers = createHandlers({
-    ...createChatHandlers({ chat, timeoutMs: config.chat.timeoutMs }),
+    ...createChatHandlers({ chat, timeoutMs: config.chat.timeoutMs, idempotency }),
     ...createCatalogHandlers(catalog),
     ...createKeyHandlers({
       keys,
@@ -165,6 +212,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
         providerFor: createChatProviders({ config, metrics }),
       }),
     }),
+    ...wallet.handlers,
   });
 
   metrics.addGauge({
@@ -211,7 +259,10 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     metrics,
     readiness: () => database.ping(),
     mountRoutes: (express) => mountVideoDownloads(express, { video }),
+    acquireSlot: (input) => wallet.acquireSlot(input),
+    replyHeaders: (input) => wallet.replyHeaders(input),
     async admit({ operationId, principal, body }) {
+      await wallet.admitWallet(operationId, principal);
       const requested = (body as { model?: unknown } | undefined)?.model;
       const model = typeof requested === 'string' ? requested : undefined;
       const inference = inferenceOperations.has(operationId);
@@ -243,10 +294,13 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     idempotency,
     rpc,
     video: { jobs: videoJobs, service: video, worker: videoWorker },
+    charges,
+    wallet,
     app,
     close: async () => {
       rpc.close();
       await videoWorker.stop();
+      wallet.close();
       return database.close();
     },
   };

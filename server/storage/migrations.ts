@@ -11,6 +11,7 @@
 import { type Kysely, type Migration, type MigrationResultSet, Migrator, sql } from 'kysely';
 import type { Database, Dialect } from './database.ts';
 import { MigrationError } from './errors.ts';
+import { walletMigration } from './wallet-migration.ts';
 
 function inList(column: string, values: readonly string[]) {
   return sql`${sql.ref(column)} in (${sql.join(values.map((value) => sql.lit(value)))})`;
@@ -320,6 +321,7 @@ export function storageMigrations(dialect: Dialect): Record<string, Migration> {
   return {
     '0001_core': core(dialect),
     '0002_idempotency': idempotency(),
+    '0003_wallet': walletMigration(),
     '0004_rpc': rpc(),
     '0008_video': video(dialect),
   };

@@ -180,3 +180,53 @@ export interface Tables {
   video_jobs: VideoJobsTable;
   video_media: VideoMediaTable;
 }
+
+// 0003_wallet: Sign-In-With-X nonces, x402 top-up payments, pending settlements, wallet request slots.
+// (A second `interface Tables` merges with the one above, so each migration appends its own tables.)
+
+export interface SiwxNoncesTable {
+  /** Normalised wallet address (EVM lowercased). */
+  address: string;
+  nonce: string;
+  /** After this the message is too old to be accepted anyway; the row may then be pruned. */
+  expires_at_ms: Int;
+  created_at_ms: Int;
+}
+
+export interface X402PaymentsTable {
+  /** Deterministic id of a signed payment (EVM: payer and EIP-3009 nonce; Solana: the transaction bytes). */
+  payment_key: string;
+  network: string;
+  payer: string;
+  amount_atomic: string;
+  amount_nano: Nano;
+  status: 'settling' | 'pending' | 'settled' | 'failed';
+  tx_hash: string | null;
+  payload: string;
+  requirements: string;
+  entry_id: string | null;
+  error: string | null;
+  /** A `settling` row whose lease has passed belongs to a process that died: the reconciler takes it over. */
+  lease_until_ms: Int;
+  created_at_ms: Int;
+  updated_at_ms: Int;
+}
+
+export interface X402PendingSettlementsTable {
+  key: string;
+  tx_hash: string;
+  created_at_ms: Int;
+}
+
+export interface WalletRequestSlotsTable {
+  id: string;
+  account_id: string;
+  expires_at_ms: Int;
+}
+
+export interface Tables {
+  siwx_nonces: SiwxNoncesTable;
+  x402_payments: X402PaymentsTable;
+  x402_pending_settlements: X402PendingSettlementsTable;
+  wallet_request_slots: WalletRequestSlotsTable;
+}

@@ -123,6 +123,7 @@ beforeAll(async () => {
           baseUrl: upstream.base,
           apiKeyEnv: 'UPSTREAM_B_KEY',
           upstreamModel: 'llama-3.3-70b',
+          timeoutMs: 30_000,
         },
       },
       'slow-model': { provider: up('slow') },
@@ -199,6 +200,9 @@ describe('against a second instance of the server', () => {
     expect(viaJson.usage.completion_tokens).toBe(direct.usage.completion_tokens);
     expect(viaJson.cost).toEqual(direct.cost);
     expect(viaJson.model).toBe('via-b');
+    // Upstream latency and outcome reach the metrics.
+    const metrics = await (await fetch(`${gateway.origin}/metrics`)).text();
+    expect(metrics).toMatch(/upstream_request_duration_seconds_count\{upstream="chat:second:ok"\} [1-9]/);
   });
 
   test('behavior: a streamed answer passes through chunk by chunk and ends with usage, cost and [DONE]', async () => {
@@ -312,6 +316,30 @@ describe('upstream failures', () => {
     expect((await call(gateway, key, { model: 'fail-model' })).status).toBe(500);
     expect(await chargesOf(gateway, accountId)).toEqual([]);
     expect((await gateway.services.ledger.getBalance(accountId)).usdReservedNano).toBe(0n);
+  });
+});
+
+describe('idempotency while in flight', () => {
+  test('behavior: a duplicate while the first is still running is 409; a failed first lets a retry run', async () => {
+    const { key } = await gateway.account('1');
+    const before = held.length;
+    const headers = {
+      authorization: `Bearer ${key}`,
+      'content-type': 'application/json',
+      'idempotency-key': 'slow-1',
+    };
+    const body = JSON.stringify({ model: 'slow-model', messages: USER });
+    const first = fetch(`${gateway.base}/chat/completions`, { method: 'POST', headers, body });
+    await waitFor(
+      async () => held.length,
+      (n) => n > before,
+    );
+    const duplicate = await fetch(`${gateway.base}/chat/completions`, { method: 'POST', headers, body });
+    expect(duplicate.status).toBe(409);
+    expect((await first).status).toBe(504);
+    // The first failed before anything chargeable: the key is free again.
+    const retry = await fetch(`${gateway.base}/chat/completions`, { method: 'POST', headers, body });
+    expect(retry.status).toBe(504);
   });
 });
 

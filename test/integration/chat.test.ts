@@ -11,6 +11,7 @@ import type { ChatCompletion, ChatCompletionChunk } from '../../generated/api.d.
 import { formatNanoUsd, parseUsdToNano } from '../../server/money.ts';
 import { type ChatServer, startChatServer } from '../support/chat-server.ts';
 import { ContractValidator, loadBundle } from '../support/contract.ts';
+import { startPostgres } from '../support/postgres.ts';
 
 const validator = new ContractValidator(loadBundle());
 const eventSchema = validator.schema('ChatCompletionStreamEvent');
@@ -243,7 +244,8 @@ describe('billing', () => {
       Array.from({ length: 50 }, (_, i) => complete(key, { seed: i + 1, max_completion_tokens: 200 })),
     );
     const ok = results.filter((r) => r.response.status === 200);
-    const refused = results.filter((r) => r.response.status === 402);
+    // Refusals are 402 (balance) or 503 (more than the model's 32 concurrent requests in flight).
+    const refused = results.filter((r) => r.response.status === 402 || r.response.status === 503);
     expect(ok.length + refused.length).toBe(50);
     expect(ok.length).toBeGreaterThanOrEqual(10);
     expect(refused.length).toBeGreaterThan(0);
@@ -254,5 +256,83 @@ describe('billing', () => {
     const charged = -(await charges(accountId)).reduce((sum, e) => sum + e.amountNano, 0n);
     expect(charged).toBe(costs);
     expect(balance.usdNano).toBe(parseUsdToNano('0.0063') - charged);
+  });
+});
+
+describe('idempotency', () => {
+  test('behavior: the same key and body replay the stored answer without a new charge; another body is 400', async () => {
+    const { key, accountId } = await server.account('2');
+    const body = { model: 'llama-3.3-70b', messages: USER, seed: 4 };
+    const first = await post(key, body, { 'idempotency-key': 'chat-retry-1' });
+    const firstJson = (await first.json()) as ChatCompletion;
+    expect(first.status).toBe(200);
+    expect(first.headers.get('idempotent-replayed')).toBeNull();
+    const again = await post(key, body, { 'idempotency-key': 'chat-retry-1' });
+    expect(again.status).toBe(200);
+    expect(again.headers.get('idempotent-replayed')).toBe('true');
+    expect(await again.json()).toEqual(firstJson);
+    expect(new Set((await charges(accountId)).map((e) => e.requestId))).toEqual(
+      new Set([first.headers.get('cf-ray')]),
+    );
+    const other = await post(key, { ...body, seed: 5 }, { 'idempotency-key': 'chat-retry-1' });
+    expect(other.status).toBe(400);
+    expect(((await other.json()) as { error: string }).error).toContain('Idempotency-Key');
+    // Another key of the same body runs again (and is charged again).
+    const fresh = await post(key, body, { 'idempotency-key': 'chat-retry-2' });
+    expect(fresh.headers.get('idempotent-replayed')).toBeNull();
+    expect(new Set((await charges(accountId)).map((e) => e.requestId)).size).toBe(2);
+    // Streams ignore the key.
+    const streamedAnswer = await post(key, { ...body, stream: true }, { 'idempotency-key': 'chat-retry-1' });
+    expect(streamedAnswer.headers.get('content-type')).toMatch(/^text\/event-stream/);
+    await streamedAnswer.text();
+  });
+});
+
+describe('billing on PostgreSQL', () => {
+  test('behavior: 50 parallel requests on a balance that covers 10 never overspend; the ledger equals the sum of the costs', {
+    timeout: 180_000,
+  }, async () => {
+    const postgres = await startPostgres();
+    const pg = await startChatServer({ databaseUrl: await postgres.createDatabase('chat_parallel') }).catch(
+      async (error: unknown) => {
+        await postgres.stop();
+        throw error;
+      },
+    );
+    try {
+      const { key, accountId } = await pg.account('0.0063');
+      const results = await Promise.all(
+        Array.from({ length: 50 }, async (_, i) => {
+          const response = await fetch(`${pg.base}/chat/completions`, {
+            method: 'POST',
+            headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+            body: JSON.stringify({
+              model: 'llama-3.3-70b',
+              messages: USER,
+              seed: i + 1,
+              max_completion_tokens: 200,
+            }),
+          });
+          return { status: response.status, json: (await response.json()) as ChatCompletion };
+        }),
+      );
+      const ok = results.filter((r) => r.status === 200);
+      // Refusals are 402 (balance) or 503 (more than the model's 32 concurrent requests in flight).
+      const odd = results.filter((r) => ![200, 402, 503].includes(r.status));
+      expect(odd.map((r) => [r.status, JSON.stringify(r.json)])).toEqual([]);
+      expect(ok.length).toBeGreaterThanOrEqual(10);
+      const balance = await pg.services.ledger.getBalance(accountId);
+      expect(balance.usdNano).toBeGreaterThanOrEqual(0n);
+      expect(balance.usdReservedNano).toBe(0n);
+      const entries = (await pg.services.ledger.listEntries(accountId, { limit: 1000 })).filter(
+        (e) => e.type === 'CHARGE',
+      );
+      const charged = -entries.reduce((sum, e) => sum + e.amountNano, 0n);
+      expect(charged).toBe(ok.reduce((sum, r) => sum + usdToNano(r.json.cost?.usd ?? 0), 0n));
+      expect(balance.usdNano).toBe(parseUsdToNano('0.0063') - charged);
+    } finally {
+      await pg.close();
+      await postgres.stop();
+    }
   });
 });

@@ -8,6 +8,7 @@ import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, onTestFinished, test } from 'vitest';
+import { readSseEvents } from '../../client/sse.ts';
 import { repoRoot } from '../support/contract.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'main-test-'));
@@ -123,6 +124,43 @@ describe('server/main.ts', () => {
       .find((l) => l.includes('"msg":"request"') && l.includes('/api_keys'));
     const cfRay = /CF-RAY: (\S+)/i.exec(response)?.[1];
     expect(line).toContain(`"cfRay":"${cfRay}"`);
+  });
+
+  test('behavior: SIGTERM lets an open chat stream finish with its usage chunk and [DONE] before exiting', {
+    timeout: 90_000,
+  }, async () => {
+    const secret = 'svc_admin_drain_stream_secret_0123456789abcdef';
+    const server = await start({
+      DATABASE_URL: `sqlite:${join(dir, 'drain-stream.db')}`,
+      ADMIN_API_KEY: secret,
+      SHUTDOWN_GRACE_MS: '30000',
+      LOCAL_CHAT_TOKEN_DELAY_MS: '5',
+    });
+    const response = await fetch(`${server.url}/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${secret}`, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        model: 'llama-3.3-70b',
+        stream: true,
+        messages: [{ role: 'user', content: 'Write 150 words about rivers.' }],
+      }),
+    });
+    expect(response.status).toBe(200);
+    const events = readSseEvents(response.body as ReadableStream<Uint8Array>)[Symbol.asyncIterator]();
+    const first = await events.next();
+    expect(first.done).toBe(false);
+    server.child.kill('SIGTERM');
+    const rest: string[] = [];
+    for (let next = await events.next(); !next.done; next = await events.next()) rest.push(next.value.data);
+    expect(rest.at(-1)).toBe('[DONE]');
+    const final = JSON.parse(rest.at(-2) ?? '{}') as {
+      choices: unknown[];
+      usage?: { completion_tokens: number };
+    };
+    expect(final.choices).toEqual([]);
+    expect(final.usage?.completion_tokens).toBeGreaterThan(150);
+    expect(await server.exit).toBe(0);
+    expect(server.output()).toContain('"msg":"draining"');
   });
 
   test('behavior: an invalid configuration stops the start with every problem listed', {

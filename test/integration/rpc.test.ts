@@ -3,11 +3,10 @@
  * plain fetch; a loopback Solana stand-in; broken upstreams (500, refused, garbage, silent). Response
  * validation is on, so every JSON error body here was also checked against the contract.
  */
+
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { pino } from 'pino';
 import {
   createPublicClient,
   HttpRequestError,
@@ -19,48 +18,26 @@ import {
 import { privateKeyToAccount } from 'viem/accounts';
 import { base } from 'viem/chains';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createApp } from '../../server/app.ts';
-import { bootstrap } from '../../server/bootstrap.ts';
-import { loadConfig } from '../../server/config.ts';
-import { createServices, type Services } from '../../server/services.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
 import { freePort } from '../support/process.ts';
 import { type RpcStandIn, startRpcStandIn } from '../support/rpc-upstream.ts';
+import { type StartedServer, startServer } from '../support/server.ts';
 
 const ADMIN = 'svc_admin_bootstrap_secret_for_rpc_tests_0123456789';
 /** 7e-7 USD per credit. */
 const PRICE_NANO = 700n;
 const scratch = mkdtempSync(join(tmpdir(), 'rpc-test-'));
 
-type Server = { services: Services; base: string; accountId: string; close(): Promise<void> };
+type Server = StartedServer & { accountId: string };
 
-async function startServer(name: string, env: Record<string, string>): Promise<Server> {
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    LOG_LEVEL: 'silent',
-    DATABASE_URL: `sqlite:${join(scratch, `${name}.db`)}`,
+/** The real server on a SQLite file, with the RPC configuration of the test. */
+async function startRpcServer(name: string, env: Record<string, string>): Promise<Server> {
+  const started = await startServer(`sqlite:${join(scratch, `${name}.db`)}`, {
     ADMIN_API_KEY: ADMIN,
-    BOOTSTRAP_BALANCE_USD: '10',
     ...env,
   });
-  const services = await createServices(config, pino({ level: 'silent' }));
-  const boot = await bootstrap(services, {
-    adminApiKey: config.adminApiKey,
-    bootstrapBalanceUsd: config.bootstrapBalanceUsd,
-  });
-  if (boot.action === 'none') throw new Error('bootstrap did nothing');
-  const server = createApp(services.app).listen(0, '127.0.0.1');
-  await new Promise<void>((resolve) => server.once('listening', () => resolve()));
-  return {
-    services,
-    base: `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`,
-    accountId: boot.accountId,
-    async close() {
-      server.closeAllConnections();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-      await services.close();
-    },
-  };
+  if (started.boot.action === 'none') throw new Error('bootstrap did nothing');
+  return { ...started, accountId: started.boot.accountId };
 }
 
 let anvil: StartedAnvil;
@@ -95,7 +72,7 @@ beforeAll(async () => {
       '',
     ].join('\n'),
   );
-  server = await startServer('main', {
+  server = await startRpcServer('main', {
     SERVICE_CONFIG: serviceConfig,
     RPC_UPSTREAM_BASE_MAINNET: anvil.url,
     // Failover: a node answering 500, then a refused port, then the real node.
@@ -453,12 +430,12 @@ describe('POST /crypto/rpc/{network}: caps', () => {
 
   test('behavior: per-minute cap per caller (standard and staff tiers) and rolling 24-hour credit cap -> 429', async () => {
     // Created first so its id can be put on the staff list.
-    const probe = await startServer('caps', { RPC_UPSTREAM_BASE_MAINNET: anvil.url });
+    const probe = await startRpcServer('caps', { RPC_UPSTREAM_BASE_MAINNET: anvil.url });
     const standard = (await probe.services.accounts.createApiAccount()).id;
     const staffAccount = (await probe.services.accounts.createApiAccount()).id;
     const heavy = (await probe.services.accounts.createApiAccount()).id;
     await probe.close();
-    capped = await startServer('caps', {
+    capped = await startRpcServer('caps', {
       RPC_UPSTREAM_BASE_MAINNET: anvil.url,
       RPC_REQUESTS_PER_MINUTE: '3',
       RPC_STAFF_REQUESTS_PER_MINUTE: '5',

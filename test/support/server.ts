@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { pino } from 'pino';
 import { startPrism } from '../../mocks/prism.ts';
 import { createApp } from '../../server/app.ts';
-import { bootstrap } from '../../server/bootstrap.ts';
+import { type BootstrapResult, bootstrap } from '../../server/bootstrap.ts';
 import { loadConfig } from '../../server/config.ts';
 import { createServices, type Services } from '../../server/services.ts';
 import { repoRoot } from './contract.ts';
@@ -20,6 +20,8 @@ export const TEST_ADMIN_KEY = 'svc_admin_bootstrap_secret_for_tests_0123456789';
 
 export type StartedServer = {
   services: Services;
+  /** What bootstrap did (the admin key's account id, unless the database already had keys). */
+  boot: BootstrapResult;
   /** Base URL of the API (`…/api/v1`, or the Prism proxy in front of it). */
   base: string;
   /** Base URL of the server itself, never proxied. */
@@ -47,7 +49,7 @@ export async function startServer(
     ...env,
   });
   const services = await createServices(config, pino({ level: 'silent' }));
-  await bootstrap(services, {
+  const boot = await bootstrap(services, {
     adminApiKey: config.adminApiKey,
     bootstrapBalanceUsd: config.bootstrapBalanceUsd,
   });
@@ -77,6 +79,7 @@ export async function startServer(
   }
   return {
     services,
+    boot,
     base: prism ? prism.url : directBase,
     directBase,
     origin,

@@ -12,7 +12,11 @@ export type ChargesDeps = {
   /** How long a reservation may stay open before the sweep releases it. */
   reservationTtlMs: number;
   /** The 402 body for a wallet that cannot cover a request (the wallet domain builds it). */
-  walletPaymentRequired?(principal: Principal, requiredNano: bigint): ApiError;
+  walletPaymentRequired?(
+    principal: Principal,
+    requiredNano: bigint,
+    refusal: InsufficientBalanceError,
+  ): ApiError;
 };
 
 export const INSUFFICIENT_BALANCE_MESSAGE =
@@ -59,7 +63,7 @@ export function createCharges(deps: ChargesDeps) {
           error instanceof InsufficientBalanceError &&
           deps.walletPaymentRequired
         ) {
-          throw deps.walletPaymentRequired(principal, input.amountNano);
+          throw deps.walletPaymentRequired(principal, input.amountNano, error);
         }
         throw paymentError(error) ?? error;
       }

@@ -17,6 +17,7 @@ import type { HandlerGroups } from '../../handlers.ts';
 import type { HandlerContext, ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
 import type { ChatEvent, FinishReason, ProviderUsage, TokenLogprob } from '../../providers/chat/types.ts';
+import { hashRequestBody, type IdempotencyStore } from '../../storage/idempotency.ts';
 import { echoOptions } from './options.ts';
 import {
   type ChatService,
@@ -27,9 +28,13 @@ import {
   toApiError,
 } from './service.ts';
 import { createThinkStripper, type ThinkStripper } from './think.ts';
+import { createCitationRewriter, rewriteCitations } from './web/citations.ts';
+import { searchDocumentsToolCall, webSearchCitations } from './web/documents.ts';
 
 export type ChatHandlersDeps = {
   chat: ChatService;
+  /** `Idempotency-Key` on non-streamed requests; absent: the header is ignored. */
+  idempotency?: IdempotencyStore;
   /** Longest a non-streamed request may run before it is answered with 504 (streams are not limited). */
   timeoutMs: number;
 };
@@ -92,6 +97,44 @@ function visibility(prepared: PreparedChat) {
   const o = prepared.options;
   const strip = prepared.model.reasoning && (o.strip_thinking_response || o.disable_thinking);
   return { stripTags: strip, dropReasoning: prepared.model.reasoning && o.disable_thinking };
+}
+
+/** The echo, with the sources when a web search ran. */
+function echoOf(prepared: PreparedChat) {
+  const results = prepared.searchResults;
+  return echoOptions(prepared.options, results ? webSearchCitations(results) : undefined);
+}
+
+/** `^n^` citations: only with `enable_web_citations` and sources to cite. */
+function citationSources(prepared: PreparedChat): number | undefined {
+  const n = prepared.searchResults?.length ?? 0;
+  return prepared.options.enable_web_citations && n > 0 ? n : undefined;
+}
+
+/** The `service_web_search_documents` call of `return_search_results_as_documents`. */
+function documentsCall(prepared: PreparedChat): ChatToolCall | undefined {
+  const results = prepared.searchResults;
+  return prepared.options.return_search_results_as_documents && results
+    ? searchDocumentsToolCall(results)
+    : undefined;
+}
+
+/** The streamed text pipeline of one choice: think blocks out, then citations rewritten. */
+function textFilter(prepared: PreparedChat, stripTags: boolean): ThinkStripper | undefined {
+  const stripper = stripTags ? createThinkStripper() : undefined;
+  const sources = citationSources(prepared);
+  const citations = sources ? createCitationRewriter({ sources }) : undefined;
+  if (!stripper && !citations) return undefined;
+  return {
+    push: (text) => {
+      const visible = stripper ? stripper.push(text) : text;
+      return citations ? citations.push(visible) : visible;
+    },
+    flush: () => {
+      const rest = stripper ? stripper.flush() : '';
+      return citations ? citations.push(rest) + citations.flush() : rest;
+    },
+  };
 }
 
 function modelHeaders(prepared: PreparedChat): ReplyHeaders {
@@ -167,7 +210,10 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
           const s = createThinkStripper();
           content = s.push(content) + s.flush();
         }
-        const toolCalls = c.toolCalls.filter(Boolean);
+        const sources = citationSources(prepared);
+        if (sources) content = rewriteCitations(content, { sources });
+        const documents = documentsCall(prepared);
+        const toolCalls = [...(documents ? [documents] : []), ...c.toolCalls.filter(Boolean)];
         return {
           index,
           finish_reason: c.finish ?? 'stop',
@@ -184,7 +230,7 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
       usage: usageBody(settlement.usage),
       cost: settlement.cost,
       prompt_logprobs: null,
-      service_parameters: echoOptions(prepared.options),
+      service_parameters: echoOf(prepared),
     };
     return { status: 200 as const, body, headers: modelHeaders(prepared) };
   }
@@ -204,14 +250,18 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
     }
     const { stripTags, dropReasoning } = visibility(prepared);
     const n = prepared.request.n;
-    const choices: ChoiceState[] = Array.from({ length: n }, () => ({
-      content: '',
-      reasoning: '',
-      toolCalls: [],
-      logprobs: [],
-      started: false,
-      ...(stripTags ? { stripper: createThinkStripper() } : {}),
-    }));
+    const choices: ChoiceState[] = Array.from({ length: n }, () => {
+      const filter = textFilter(prepared, stripTags);
+      return {
+        content: '',
+        reasoning: '',
+        toolCalls: [],
+        logprobs: [],
+        started: false,
+        ...(filter ? { stripper: filter } : {}),
+      };
+    });
+    const documents = documentsCall(prepared);
     const base = {
       id: `chatcmpl-${ctx.requestId}`,
       object: 'chat.completion.chunk' as const,
@@ -253,6 +303,9 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
         });
         let usage: ProviderUsage | undefined;
         let failure: unknown;
+        // `include_search_results_in_stream`: the sources come first, in a chunk without choices.
+        if (prepared.options.include_search_results_in_stream && prepared.searchResults)
+          await send({ ...base, choices: [], service_parameters: echoOf(prepared) });
         try {
           let next = first;
           while (!next.done) {
@@ -273,11 +326,25 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
                   let content = event.content;
                   if (content !== undefined && state.stripper) content = state.stripper.push(content);
                   const reasoning = dropReasoning ? undefined : event.reasoning;
+                  // The documents call comes first in each choice; the model's own calls follow it.
+                  const calls = [
+                    ...(role.role && documents
+                      ? [
+                          {
+                            index: 0,
+                            id: documents.id,
+                            type: 'function' as const,
+                            function: documents.function,
+                          },
+                        ]
+                      : []),
+                    ...(event.toolCalls ?? []).map((t) => (documents ? { ...t, index: t.index + 1 } : t)),
+                  ];
                   const delta = {
                     ...role,
                     ...(content !== undefined && (content !== '' || role.role) ? { content } : {}),
                     ...(reasoning ? { reasoning_content: reasoning } : {}),
-                    ...(event.toolCalls ? { tool_calls: event.toolCalls } : {}),
+                    ...(calls.length > 0 ? { tool_calls: calls } : {}),
                   };
                   if (Object.keys(delta).length > 0 || event.logprobs)
                     await send(
@@ -337,8 +404,66 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
     };
   }
 
-  return {
+  const handlers: HandlerGroups = {
     createChatCompletion: async (ctx) => {
+      const key = ctx.headers['idempotency-key'];
+      const body = ctx.body as ChatCompletionRequest;
+      // Streams ignore the key (nothing to replay); a non-streamed answer is stored and replayed for 24 h.
+      if (!deps.idempotency || typeof key !== 'string' || body.stream || !ctx.principal) return run(ctx);
+      const principal = ctx.principal;
+      const scope = {
+        principal:
+          principal.kind === 'apiKey'
+            ? `${principal.accountId}:${principal.keyId}`
+            : `wallet:${principal.accountId}`,
+        operation: 'createChatCompletion',
+        key,
+      };
+      const begun = await deps.idempotency.begin(scope, {
+        requestHash: hashRequestBody(ctx.sentBody ?? body),
+      });
+      if (begun.kind === 'replay')
+        return {
+          status: 200 as const,
+          contentType: 'application/json',
+          body: begun.response.body,
+          headers: { ...begun.response.headers, 'Idempotent-Replayed': 'true' },
+        };
+      if (begun.kind === 'in_flight')
+        throw new ApiError(
+          409,
+          'A request with this Idempotency-Key is still being processed; retry after it completes',
+          {
+            code: 'IDEMPOTENCY_IN_FLIGHT',
+          },
+        );
+      if (begun.kind === 'mismatch')
+        throw new ApiError(400, 'This Idempotency-Key was already used with a different request body', {
+          code: 'IDEMPOTENCY_KEY_REUSED',
+        });
+      try {
+        const reply = await run(ctx);
+        if ('body' in reply && 'status' in reply && !('contentType' in reply)) {
+          const headers = Object.fromEntries(
+            Object.entries(reply.headers ?? {}).map(([k, v]) => [k, String(v)]),
+          );
+          await deps.idempotency.complete(
+            scope,
+            { status: reply.status, headers, body: JSON.stringify(reply.body) },
+            begun.owner,
+          );
+        }
+        return reply;
+      } catch (error) {
+        await deps.idempotency.abandon(scope, begun.owner).catch(() => {});
+        throw error;
+      }
+    },
+  };
+  return handlers;
+
+  function run(ctx: HandlerContext<'createChatCompletion'>) {
+    return (async () => {
       const principal = ctx.principal;
       if (!principal) throw new ApiError(401, 'Authentication failed', { code: 'AUTHENTICATION_FAILED' });
       const body = ctx.body as ChatCompletionRequest;
@@ -347,8 +472,9 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
         body: { ...body, service_parameters: sent ?? {} },
         principal,
         requestId: ctx.requestId,
+        signal: ctx.signal,
       });
       return body.stream ? stream(ctx, prepared) : complete(ctx, prepared);
-    },
-  };
+    })();
+  }
 }

@@ -16,6 +16,9 @@ export const DEFAULT_SYSTEM_PROMPT =
 /** Converts an attached file to text (PDF, DOCX, PPTX, XLSX, TXT…); throws a 400-worthy error otherwise. */
 export type FileConverter = (input: { filename?: string; fileData: string }) => Promise<string>;
 
+/** Files per message, as the interface's peers cap them. */
+const MAX_FILES_PER_MESSAGE = 5;
+
 type RequestMessage = ChatCompletionRequest['messages'][number];
 type Loose = Record<string, unknown>;
 
@@ -40,6 +43,7 @@ export async function buildMessages(input: {
     if (typeof message.name === 'string') next.name = message.name;
     if (Array.isArray(message.content)) {
       const parts: ProviderContentPart[] = [];
+      let files = 0;
       for (const [j, p] of (message.content as Loose[]).entries()) {
         const where = `messages[${i}].content[${j}]`;
         switch (p.type) {
@@ -75,6 +79,12 @@ export async function buildMessages(input: {
             if (!input.convertFile)
               throw badRequest(`${where}: file parts are not supported`, 'UNSUPPORTED_FEATURE');
             const file = p.file as { file_data: string; filename?: string };
+            files++;
+            if (files > MAX_FILES_PER_MESSAGE)
+              throw badRequest(
+                `messages[${i}]: at most ${MAX_FILES_PER_MESSAGE} files per message`,
+                'UNSUPPORTED_FEATURE',
+              );
             const text = await input.convertFile({
               fileData: file.file_data,
               ...(file.filename ? { filename: file.filename } : {}),

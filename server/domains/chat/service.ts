@@ -27,11 +27,15 @@ import {
   type ProviderToolChoice,
   type ProviderUsage,
 } from '../../providers/chat/types.ts';
+import type { SearchProvider, SearchResult } from '../../providers/search/types.ts';
 import type { Reservation } from '../../storage/ledger.ts';
 import type { Charges } from '../billing/charges.ts';
 import { type ChatOptions, resolveOptions } from './options.ts';
 import { affordableCompletionTokens, chargeItems, type Extras, worstCaseNano } from './pricing.ts';
 import { buildMessages, type FileConverter } from './prompt.ts';
+import { searchContext } from './web/citations.ts';
+import { extractUrls, type Scraper } from './web/scrape.ts';
+import { scrapeContext, scrapedPages } from './web/scraping.ts';
 
 export type ChatServiceDeps = {
   catalog: CatalogService;
@@ -42,6 +46,8 @@ export type ChatServiceDeps = {
   /** Adds the tokens of a finished request to the caller's tokens-per-minute window. */
   consumeTokens?(principal: Principal, modelId: string, tokens: number): Promise<void>;
   convertFile?: FileConverter;
+  /** Web search (`enable_web_search`) and scraping (`enable_web_scraping`); absent: the feature is off. */
+  web?: { search?: SearchProvider; scraper?: Scraper; now?: () => Date };
   /** Default output bound for models whose catalogue entry gives none. */
   defaultMaxTokens?: number;
 };
@@ -70,6 +76,8 @@ export type PreparedChat = {
   maxTokens: number;
   extras: Extras;
   reservation: Reservation;
+  /** The web search results given to the model, when a search ran. */
+  searchResults?: SearchResult[];
   backends: readonly Backend[];
   /** Set once a backend answered: its name. */
   router?: string;
@@ -201,6 +209,7 @@ export function createChatService(deps: ChatServiceDeps) {
       body: ChatCompletionRequest;
       principal: Principal;
       requestId: string;
+      signal?: AbortSignal;
     }): Promise<PreparedChat> {
       const { body, principal } = input;
       const resolved = deps.catalog.resolveModel(body.model, 'text');
@@ -276,14 +285,26 @@ export function createChatService(deps: ChatServiceDeps) {
           stop_token_ids: body.stop_token_ids,
         }).filter(([, v]) => v !== undefined),
       );
-      const promptTokens = countPromptTokens(messages, tools);
+      // Web work: scraping the user's URLs bypasses search; `auto` searches when the message asks for facts.
+      const userText = lastUserText(body.messages);
+      const scrapeUrls = options.enable_web_scraping && deps.web?.scraper ? extractUrls(userText) : [];
+      const searching =
+        scrapeUrls.length === 0 &&
+        deps.web?.search !== undefined &&
+        !options.enable_x_search &&
+        (options.enable_web_search === 'on' ||
+          (options.enable_web_search === 'auto' && wantsSearch(userText)));
+      const worstExtras: Extras = { searches: searching ? 1 : 0, scrapes: scrapeUrls.length };
+      // Upper bounds of the context the web work adds (a token is never shorter than a character here).
+      const webAllowance = (searching ? SEARCH_CONTEXT_CHARS : 0) + scrapeUrls.length * (PAGE_CHARS + 400);
+      let promptTokens = countPromptTokens(messages, tools);
       const extras: Extras = { searches: 0, scrapes: 0 };
       const backends = backendOrder(model, body.prompt_cache_key);
       if (backends.length === 0)
         throw new ApiError(503, `Model ${model.id} has no backend configured`, { code: 'MODEL_OFFLINE' });
       // Upstreams count with their own tokenizers: leave room for the difference.
       const upstream = backends.some((b) => b.kind !== 'local');
-      const reservedPrompt = upstream ? Math.ceil(promptTokens * 1.25) + 64 : promptTokens;
+      const reservedPrompt = (upstream ? Math.ceil(promptTokens * 1.25) + 64 : promptTokens) + webAllowance;
       const done = acquire(model);
       try {
         const reserved = await reserve(principal, model, {
@@ -291,9 +312,43 @@ export function createChatService(deps: ChatServiceDeps) {
           promptTokens: reservedPrompt,
           maxTokens,
           n,
-          extras,
+          extras: worstExtras,
           fixedBound: asked !== undefined,
         });
+        let searchResults: SearchResult[] | undefined;
+        let context: string | undefined;
+        try {
+          if (scrapeUrls.length > 0 && deps.web?.scraper) {
+            const scraper = deps.web.scraper;
+            const results = await Promise.all(scrapeUrls.map((url) => scraper.scrape(url, input.signal)));
+            extras.scrapes = scrapedPages(results).length;
+            context = scrapeContext(results, { maxPageChars: PAGE_CHARS });
+          } else if (searching && deps.web?.search) {
+            searchResults = await deps.web.search
+              .search(userText.slice(0, 400), {
+                limit: SEARCH_RESULTS,
+                ...(input.signal ? { signal: input.signal } : {}),
+              })
+              .then((results) => {
+                extras.searches = 1;
+                return results;
+              })
+              // A failed search degrades to an answer without sources, and is not charged.
+              .catch(() => []);
+            context = searchContext(searchResults, {
+              cite: options.enable_web_citations,
+              ...(deps.web.now ? { now: deps.web.now() } : {}),
+            });
+          }
+        } catch (error) {
+          await deps.charges.release(reserved.reservation);
+          throw error;
+        }
+        if (context) {
+          const lastUser = messages.map((m) => m.role).lastIndexOf('user');
+          messages.splice(lastUser < 0 ? messages.length : lastUser, 0, { role: 'system', content: context });
+          promptTokens = countPromptTokens(messages, tools);
+        }
         const passthrough = passthroughOf(body);
         const request: Omit<ChatProviderRequest, 'signal'> = {
           model: model.id,
@@ -321,6 +376,7 @@ export function createChatService(deps: ChatServiceDeps) {
           maxTokens: reserved.maxTokens,
           extras,
           reservation: reserved.reservation,
+          ...(searchResults ? { searchResults } : {}),
           backends,
           done,
         };
@@ -388,6 +444,35 @@ export function createChatService(deps: ChatServiceDeps) {
       await deps.charges.release(prepared.reservation);
     },
   };
+}
+
+/** Results given to the model per search. */
+const SEARCH_RESULTS = 5;
+/** Upper bound of the search context's length (five capped excerpts, titles, URLs and instructions). */
+const SEARCH_CONTEXT_CHARS = 1_000 + SEARCH_RESULTS * 2_600;
+/** Longest text of one scraped page placed in the prompt. */
+const PAGE_CHARS = 8_000;
+
+/** `auto` web search: the local heuristic of "the message asks about facts that may be recent". */
+export function wantsSearch(text: string): boolean {
+  return /\?|\b(latest|today|current|currently|news|recent|recently|price|weather|who|when|where|how (tall|many|much))\b/i.test(
+    text,
+  );
+}
+
+function lastUserText(messages: ChatCompletionRequest['messages']): string {
+  for (let i = messages.length - 1; i >= 0; i--) {
+    const m = messages[i] as { role: string; content?: unknown };
+    if (m.role !== 'user') continue;
+    if (typeof m.content === 'string') return m.content;
+    if (Array.isArray(m.content))
+      return (m.content as { type: string; text?: string }[])
+        .filter((p) => p.type === 'text')
+        .map((p) => p.text ?? '')
+        .join('\n');
+    return '';
+  }
+  return '';
 }
 
 const KNOWN_FIELDS = new Set([

@@ -202,6 +202,16 @@ function promptWordsOf(messages: readonly ProviderMessage[]): string[] {
   return [...words].slice(0, 64);
 }
 
+/** How many numbered sources (`[n] title` lines inside `<sources>`) the system messages give. */
+function sourceCount(messages: readonly ProviderMessage[]): number {
+  let count = 0;
+  for (const m of messages) {
+    if (m.role !== 'system' || typeof m.content !== 'string' || !m.content.includes('<sources>')) continue;
+    count = Math.max(count, (m.content.match(/^\[\d+\] /gm) ?? []).length);
+  }
+  return count;
+}
+
 function lastUserText(messages: readonly ProviderMessage[]): string {
   for (let i = messages.length - 1; i >= 0; i--) {
     const m = messages[i] as ProviderMessage;
@@ -431,6 +441,15 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
           const words = requested ? Math.min(20_000, Number(requested[1])) : 24 + Math.floor(shape() * 40);
           const intro = toolResult ? `${LOCAL_PREFIX} Based on the tool result:` : LOCAL_PREFIX;
           const body = sentences(sampler, shape, words);
+          // Given numbered sources, it cites them the way many models do, in brackets: `[1]`, `[1][2]`.
+          const sources = sourceCount(request.messages);
+          if (sources > 0) {
+            const firstEnd = body.find((p) => p.text.endsWith('.'));
+            const lastPiece = body[body.length - 1];
+            if (firstEnd) firstEnd.text = firstEnd.text.replace(/\.$/, ' [1].');
+            if (lastPiece && lastPiece !== firstEnd && sources > 1)
+              lastPiece.text = lastPiece.text.replace(/\.$/, ' [1][2].');
+          }
           const first = body[0];
           if (first) first.text = ` ${first.text}`;
           const pieces = [fixedPiece(intro), ...body];

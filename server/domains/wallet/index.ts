@@ -1,0 +1,209 @@
+/**
+ * The wallet-credit domain, assembled: Sign-In-With-X for the auth layer, the x402 handlers, the wallet 402
+ * for the charges, the per-wallet in-flight cap and the `X-Balance-Remaining` header. The composition root
+ * (`server/services.ts`) plugs these into the app; nothing here knows about Express.
+ */
+import type { Request } from 'express';
+import type { Logger } from 'pino';
+import { createPublicClient, http } from 'viem';
+import type { Config } from '../../config.ts';
+import type { Principal, WalletPrincipal } from '../../http/auth.ts';
+import type { ReplyHeaders } from '../../http/contract.ts';
+import { ApiError } from '../../http/errors.ts';
+import type { OperationId } from '../../http/spec.ts';
+import { formatUsdFixed } from '../../money.ts';
+import type { Facilitator } from '../../providers/x402/facilitator.ts';
+import { createHttpFacilitator } from '../../providers/x402/http.ts';
+import { createInProcessFacilitator } from '../../providers/x402/in-process.ts';
+import type { AccountsRepository } from '../../storage/accounts.ts';
+import type { Database } from '../../storage/database.ts';
+import type { InsufficientBalanceError } from '../../storage/errors.ts';
+import type { LedgerRepository } from '../../storage/ledger.ts';
+import { createSiwxNonces } from '../../storage/siwx-nonces.ts';
+import { createWalletSlots } from '../../storage/wallet-slots.ts';
+import { createPendingSettlementStore, createX402Payments } from '../../storage/x402-payments.ts';
+import type { DiscoveryOptions } from './discovery.ts';
+import { createWalletHandlers } from './handlers.ts';
+import { MINIMUM_BALANCE_NANO, walletPaymentRequired } from './payment-required.ts';
+import { createSiwxVerifier } from './siwx.ts';
+import { createTopUpService, type TopUpService } from './top-up.ts';
+
+/** Paid requests one wallet may have in flight at once. */
+export const WALLET_MAX_IN_FLIGHT = 5;
+
+export type WalletDomainDeps = {
+  config: Config;
+  database: Database;
+  accounts: AccountsRepository;
+  ledger: LedgerRepository;
+  logger: Logger;
+  /** Operations paid from credit (those that document 402). */
+  paidOperations: ReadonlySet<OperationId>;
+  /** Replaces the facilitator the configuration describes (tests). */
+  facilitator?: Facilitator;
+  /** Every so often: reconcile pending top-ups, prune nonces and leaked slots (0 or absent: never). */
+  housekeepingIntervalMs?: number;
+  now?: () => number;
+};
+
+/**
+ * The facilitator the configuration describes: over HTTP when `X402_FACILITATOR_URL` is set, otherwise in
+ * process for each rail whose RPC and key are set; undefined when there is none. Built lazily (the Solana key
+ * import is asynchronous) behind the synchronous port.
+ */
+function configuredFacilitator(config: Config, database: Database): Facilitator | undefined {
+  const x = config.x402;
+  if (x.facilitatorUrl) return createHttpFacilitator({ url: x.facilitatorUrl });
+  const evm =
+    x.baseRpcUrl && x.facilitatorPrivateKey
+      ? {
+          rpcUrl: x.baseRpcUrl,
+          privateKey: x.facilitatorPrivateKey,
+          eip6492AllowedFactories: x.eip6492Factories,
+          pendingSettlementStore: createPendingSettlementStore(database),
+        }
+      : undefined;
+  const solana =
+    x.solanaRpcUrl && x.solanaFacilitatorPrivateKey
+      ? { rpcUrl: x.solanaRpcUrl, secretKeyBase58: x.solanaFacilitatorPrivateKey }
+      : undefined;
+  if (!evm && !solana) return undefined;
+  let built: Promise<Facilitator> | undefined;
+  const get = () => {
+    built ??= createInProcessFacilitator({
+      ...(evm ? { evm } : {}),
+      ...(solana ? { solana } : {}),
+    });
+    return built;
+  };
+  return {
+    verify: async (payload, requirements) => (await get()).verify(payload, requirements),
+    settle: async (payload, requirements) => (await get()).settle(payload, requirements),
+    supported: async () => (await get()).supported(),
+  };
+}
+
+export function createWalletDomain(deps: WalletDomainDeps) {
+  const { config, accounts, ledger } = deps;
+  const discovery: DiscoveryOptions = {
+    publicOrigin: config.publicOrigin,
+    payToBase: config.x402.payToBase,
+    payToSolana: config.x402.payToSolana,
+    solanaFeePayer: config.x402.solanaFeePayer,
+  };
+  const facilitator = deps.facilitator ?? configuredFacilitator(config, deps.database);
+  const topUp: TopUpService | undefined =
+    facilitator && (discovery.payToBase || discovery.payToSolana)
+      ? createTopUpService({
+          facilitator,
+          payments: createX402Payments(deps.database),
+          ledger,
+          accounts,
+          discovery,
+          logger: deps.logger,
+        })
+      : undefined;
+  const nonces = createSiwxNonces(deps.database);
+  const slots = createWalletSlots(deps.database);
+  const baseClient = config.x402.baseRpcUrl
+    ? createPublicClient({ transport: http(config.x402.baseRpcUrl, { timeout: 10_000, retryCount: 1 }) })
+    : undefined;
+  const verifier = createSiwxVerifier({
+    publicOrigin: config.publicOrigin,
+    consumeNonce: (input) => nonces.consume(input),
+    smartWalletVerifier: baseClient ? (args) => baseClient.verifyMessage(args) : undefined,
+    now: deps.now,
+  });
+
+  async function verifySignInWithX(header: string, _req?: Request): Promise<WalletPrincipal> {
+    const signIn = await verifier.verify(header);
+    const { account } = await accounts.findOrCreateWalletAccount(signIn.normalizedAddress);
+    return { kind: 'wallet', accountId: account.id, walletAddress: signIn.address };
+  }
+
+  const paymentRequired = (input: { currentBalanceNano?: bigint; requiredNano?: bigint }) =>
+    walletPaymentRequired(discovery, input);
+
+  /** Reconciles pending top-ups, drops old nonces and leaked slots. */
+  async function housekeeping(at: number = Date.now()): Promise<void> {
+    await Promise.all([nonces.prune(at), slots.prune(at)]);
+    if (topUp) {
+      const counts = await topUp.reconcile();
+      if (counts.credited + counts.failed > 0) deps.logger.info(counts, 'x402 pending top-ups reconciled');
+    }
+  }
+  const timer = deps.housekeepingIntervalMs
+    ? setInterval(() => {
+        housekeeping().catch((error: unknown) =>
+          deps.logger.error({ err: error }, 'wallet housekeeping failed'),
+        );
+      }, deps.housekeepingIntervalMs)
+    : undefined;
+  timer?.unref();
+
+  const isPaid = (operationId: OperationId, principal: Principal) =>
+    principal.kind === 'wallet' && deps.paidOperations.has(operationId);
+
+  return {
+    verifySignInWithX,
+    discovery,
+    topUp,
+    handlers: createWalletHandlers({ ledger, publicOrigin: config.publicOrigin, topUp }),
+
+    /** For createCharges: the wallet 402 with what the wallet could spend. */
+    walletPaymentRequired(_principal: Principal, requiredNano: bigint, refusal: InsufficientBalanceError) {
+      return paymentRequired({
+        currentBalanceNano: refusal.usdAvailableNano + refusal.diemAvailableNano,
+        requiredNano,
+      });
+    },
+
+    /** A wallet with less than the admission minimum gets the wallet 402 before any work. */
+    async admitWallet(operationId: OperationId, principal: Principal): Promise<void> {
+      if (!isPaid(operationId, principal)) return;
+      const balance = await ledger.getBalance(principal.accountId);
+      const available = balance.usdAvailableNano + balance.diemAvailableNano;
+      if (available < MINIMUM_BALANCE_NANO) throw paymentRequired({ currentBalanceNano: available });
+    },
+
+    /** At most WALLET_MAX_IN_FLIGHT paid requests per wallet across every process; 429 beyond. */
+    async acquireSlot(input: {
+      operationId: OperationId;
+      principal: Principal;
+    }): Promise<(() => void) | undefined> {
+      if (!isPaid(input.operationId, input.principal)) return undefined;
+      const id = await slots.acquire({
+        accountId: input.principal.accountId,
+        max: WALLET_MAX_IN_FLIGHT,
+        leaseMs: config.reservationTtlMs,
+      });
+      if (id === undefined) {
+        throw new ApiError(
+          429,
+          `Too many concurrent requests: a wallet may have at most ${WALLET_MAX_IN_FLIGHT} paid requests in flight`,
+          { code: 'X402_CONCURRENCY_LIMIT' },
+        );
+      }
+      return () => {
+        slots
+          .release(id)
+          .catch((error: unknown) => deps.logger.warn({ err: error }, 'wallet slot release failed'));
+      };
+    },
+
+    /** `X-Balance-Remaining`: the wallet's spendable credit in USD once the handler is done. */
+    async replyHeaders(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders> {
+      if (!isPaid(input.operationId, input.principal)) return {};
+      const balance = await ledger.getBalance(input.principal.accountId);
+      return { 'X-Balance-Remaining': formatUsdFixed(balance.usdAvailableNano, 6) };
+    },
+
+    housekeeping,
+    /** Stops the housekeeping timer. */
+    close() {
+      if (timer) clearInterval(timer);
+    },
+  };
+}
+
+export type WalletDomain = ReturnType<typeof createWalletDomain>;

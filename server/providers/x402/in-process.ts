@@ -1,0 +1,72 @@
+/**
+ * The facilitator in process: the reference `x402Facilitator` with the `exact` schemes of `@x402/evm` (Base,
+ * EIP-3009 `transferWithAuthorization` submitted by our own account through our Base RPC) and `@x402/svm`
+ * (Solana: our fee payer co-signs and sends the transfer through our Solana RPC). Broadcast-but-unconfirmed
+ * EVM settlements are remembered in the shared database (`PendingSettlementStore`), so that a later settle of
+ * the same payload, on any process, reconciles instead of broadcasting again.
+ */
+
+import { createKeyPairSignerFromBytes } from '@solana/kit';
+import { type PendingSettlementStore, x402Facilitator } from '@x402/core/facilitator';
+import type { Network } from '@x402/core/types';
+import { toFacilitatorEvmSigner } from '@x402/evm';
+import { ExactEvmScheme } from '@x402/evm/exact/facilitator';
+import { decodeBase58 } from '@x402/extensions/sign-in-with-x';
+import { toFacilitatorSvmSigner } from '@x402/svm';
+import { ExactSvmScheme } from '@x402/svm/exact/facilitator';
+import { createWalletClient, http, publicActions } from 'viem';
+import { privateKeyToAccount } from 'viem/accounts';
+import { base } from 'viem/chains';
+import type { Facilitator } from './facilitator.ts';
+
+export const BASE_NETWORK = 'eip155:8453';
+export const SOLANA_NETWORK = 'solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp';
+
+export type InProcessFacilitatorOptions = {
+  evm?: {
+    rpcUrl: string;
+    privateKey: `0x${string}`;
+    /** ERC-6492 factories the facilitator may call to deploy a counterfactual payer. */
+    eip6492AllowedFactories?: string[];
+    pendingSettlementStore?: PendingSettlementStore;
+    /** How long settle waits for the receipt before answering `settlement_pending` (default 180 s). */
+    confirmationTimeoutMs?: number;
+  };
+  solana?: { rpcUrl: string; secretKeyBase58: string };
+};
+
+export async function createInProcessFacilitator(options: InProcessFacilitatorOptions): Promise<Facilitator> {
+  const facilitator = new x402Facilitator();
+  if (options.evm) {
+    const client = createWalletClient({
+      account: privateKeyToAccount(options.evm.privateKey),
+      chain: base,
+      transport: http(options.evm.rpcUrl, { timeout: 30_000 }),
+    }).extend(publicActions);
+    const signer = toFacilitatorEvmSigner(
+      client as unknown as Parameters<typeof toFacilitatorEvmSigner>[0],
+      options.evm.confirmationTimeoutMs === undefined
+        ? undefined
+        : { confirmationTimeoutMs: options.evm.confirmationTimeoutMs },
+    );
+    facilitator.register(
+      BASE_NETWORK as Network,
+      new ExactEvmScheme(signer, {
+        eip6492AllowedFactories: options.evm.eip6492AllowedFactories ?? [],
+        ...(options.evm.pendingSettlementStore
+          ? { pendingSettlementStore: options.evm.pendingSettlementStore }
+          : {}),
+      }),
+    );
+  }
+  if (options.solana) {
+    const keyPair = await createKeyPairSignerFromBytes(decodeBase58(options.solana.secretKeyBase58));
+    const signer = toFacilitatorSvmSigner(keyPair, { defaultRpcUrl: options.solana.rpcUrl });
+    facilitator.register(SOLANA_NETWORK as Network, new ExactSvmScheme(signer));
+  }
+  return {
+    verify: (payload, requirements) => facilitator.verify(payload, requirements),
+    settle: (payload, requirements) => facilitator.settle(payload, requirements),
+    supported: async () => facilitator.getSupported() as Awaited<ReturnType<Facilitator['supported']>>,
+  };
+}

@@ -1,0 +1,121 @@
+/**
+ * The test contracts, compiled with `solc` from npm (wasm, nothing downloaded) and placed on a test node:
+ * the EIP-3009 USDC stand-in at the real Base USDC address (so stock x402 clients accept it as USDC), and an
+ * EIP-1271 smart wallet.
+ */
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import {
+  type Abi,
+  createPublicClient,
+  createWalletClient,
+  type Hex,
+  http,
+  parseAbi,
+  publicActions,
+} from 'viem';
+import { privateKeyToAccount } from 'viem/accounts';
+import { base } from 'viem/chains';
+
+const require = createRequire(import.meta.url);
+const solc = require('solc') as { compile(input: string): string };
+
+export const BASE_USDC = '0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913' as const;
+
+export const USDC_ABI = parseAbi([
+  'function mint(address to, uint256 value)',
+  'function balanceOf(address) view returns (uint256)',
+  'function authorizationState(address, bytes32) view returns (bool)',
+]);
+
+type Compiled = { abi: Abi; bytecode: Hex; deployedBytecode: Hex };
+let compiled: Record<string, Compiled> | undefined;
+
+/** Compiles TestUSDC.sol once per process. */
+export function compileTestContracts(): Record<string, Compiled> {
+  if (compiled) return compiled;
+  const source = readFileSync(join(dirname(fileURLToPath(import.meta.url)), 'TestUSDC.sol'), 'utf8');
+  const output = JSON.parse(
+    solc.compile(
+      JSON.stringify({
+        language: 'Solidity',
+        sources: { 'TestUSDC.sol': { content: source } },
+        settings: {
+          optimizer: { enabled: true, runs: 200 },
+          evmVersion: 'cancun',
+          outputSelection: { '*': { '*': ['abi', 'evm.bytecode.object', 'evm.deployedBytecode.object'] } },
+        },
+      }),
+    ),
+  ) as {
+    errors?: Array<{ severity: string; formattedMessage: string }>;
+    contracts: Record<
+      string,
+      Record<
+        string,
+        { abi: Abi; evm: { bytecode: { object: string }; deployedBytecode: { object: string } } }
+      >
+    >;
+  };
+  const errors = (output.errors ?? []).filter((e) => e.severity === 'error');
+  if (errors.length > 0) throw new Error(errors.map((e) => e.formattedMessage).join('\n'));
+  const contracts = output.contracts['TestUSDC.sol'] ?? {};
+  compiled = Object.fromEntries(
+    Object.entries(contracts).map(([name, c]) => [
+      name,
+      {
+        abi: c.abi,
+        bytecode: `0x${c.evm.bytecode.object}` as Hex,
+        deployedBytecode: `0x${c.evm.deployedBytecode.object}` as Hex,
+      },
+    ]),
+  );
+  return compiled;
+}
+
+type Rpc = <T = unknown>(method: string, params?: unknown[]) => Promise<T>;
+
+/** Puts the test USDC at the Base USDC address of an anvil node. */
+export async function installTestUsdc(rpc: Rpc): Promise<void> {
+  const usdc = compileTestContracts().TestUSDC;
+  if (!usdc) throw new Error('TestUSDC did not compile');
+  await rpc('anvil_setCode', [BASE_USDC, usdc.deployedBytecode]);
+}
+
+/** A viem client for the node, signing with `privateKey`. */
+export function testClient(url: string, privateKey: Hex) {
+  return createWalletClient({
+    account: privateKeyToAccount(privateKey),
+    chain: base,
+    transport: http(url),
+  }).extend(publicActions);
+}
+
+export async function mintUsdc(url: string, privateKey: Hex, to: Hex, atomic: bigint): Promise<void> {
+  const client = testClient(url, privateKey);
+  const hash = await client.writeContract({
+    address: BASE_USDC,
+    abi: USDC_ABI,
+    functionName: 'mint',
+    args: [to, atomic],
+  });
+  await client.waitForTransactionReceipt({ hash });
+}
+
+export async function usdcBalance(url: string, owner: Hex): Promise<bigint> {
+  const client = createPublicClient({ chain: base, transport: http(url) });
+  return client.readContract({ address: BASE_USDC, abi: USDC_ABI, functionName: 'balanceOf', args: [owner] });
+}
+
+/** Deploys the EIP-1271 test wallet owned by `owner`; returns its address. */
+export async function deploySmartWallet(url: string, deployerKey: Hex, owner: Hex): Promise<Hex> {
+  const wallet = compileTestContracts().TestSmartWallet;
+  if (!wallet) throw new Error('TestSmartWallet did not compile');
+  const client = testClient(url, deployerKey);
+  const hash = await client.deployContract({ abi: wallet.abi, bytecode: wallet.bytecode, args: [owner] });
+  const receipt = await client.waitForTransactionReceipt({ hash });
+  if (!receipt.contractAddress) throw new Error('smart wallet not deployed');
+  return receipt.contractAddress;
+}
