@@ -13,6 +13,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { stringify } from 'yaml';
+import { createVideoService } from '../../server/domains/video/service.ts';
 import { createVideoWorker } from '../../server/domains/video/worker.ts';
 import { parseUsdToNano } from '../../server/money.ts';
 import { bundledFfmpegPath } from '../../server/providers/video/local.ts';
@@ -551,5 +552,94 @@ describe('video worker leases', () => {
       await jobs.complete(queue_id, 'dead-worker', { contentType: 'video/mp4', bytes: Buffer.from('x') }),
     ).toBe(false);
     expect((await post(server, '/video/retrieve', { model, queue_id }, key)).status).toBe(200);
+  });
+
+  test('behavior: a job left unpaid by a request that died after its charge is failed and refunded by the sweep', async () => {
+    const { accountId, key } = await server.account('5');
+    const authenticated = await server.services.keys.authenticate(key);
+    if (!authenticated.ok) throw new Error('key not found');
+    let clock = Date.now();
+    const jobs = createVideoJobs(server.services.database, { now: () => clock });
+    await jobs.create({
+      id: 'died-mid-queue',
+      accountId,
+      apiKeyId: authenticated.key.id,
+      requestId: 'died-request',
+      modelId: 'wan-2-7-text-to-video',
+      backend: 'local',
+      params: {},
+      priceNano: parseUsdToNano('0.25'),
+      ttlMs: 3_600_000,
+    });
+    const principal = {
+      kind: 'apiKey' as const,
+      accountId,
+      keyId: authenticated.key.id,
+      keyType: 'INFERENCE' as const,
+    };
+    const reservation = await server.services.charges.reserve(principal, {
+      amountNano: parseUsdToNano('0.25'),
+      requestId: 'died-request',
+      modelId: 'wan-2-7-text-to-video',
+    });
+    await server.services.charges.capture(reservation, [
+      { sku: 'video.seconds.480p', amountNano: parseUsdToNano('0.25') },
+    ]);
+    const sweeper = createVideoWorker({
+      jobs,
+      ledger: server.services.ledger,
+      catalog: server.services.catalog,
+      providerFor: () => {
+        throw new Error('nothing should run');
+      },
+    });
+    expect(await sweeper.runOnce()).toBe(0);
+    expect((await jobs.get('died-mid-queue'))?.status).toBe('unpaid'); // still within the grace period
+    clock += 10 * 60_000 + 1;
+    expect(await sweeper.runOnce()).toBe(0);
+    expect(await jobs.get('died-mid-queue')).toMatchObject({ status: 'failed', refunded: true });
+    expect((await server.services.ledger.getBalance(accountId)).usdNano).toBe(parseUsdToNano('5'));
+  });
+});
+
+describe('video queue recovery', () => {
+  test('behavior: a job the sweep gave up while its request stalled is refunded by that request (500)', async () => {
+    const { accountId, key } = await server.account('5');
+    const authenticated = await server.services.keys.authenticate(key);
+    if (!authenticated.ok) throw new Error('key not found');
+    const jobs = server.services.video.jobs;
+    const stalled = createVideoService({
+      catalog: server.services.catalog,
+      charges: server.services.charges,
+      ledger: server.services.ledger,
+      // The sweep wins the race: it fails the unpaid job just before the request marks it queued.
+      jobs: {
+        ...jobs,
+        markQueued: async (id: string) => {
+          await jobs.failUnpaid(id, { code: 'INFERENCE_FAILED', message: 'given up' });
+          return jobs.markQueued(id);
+        },
+      },
+      isPro: async () => false,
+      mediaTtlMs: 3_600_000,
+    });
+    const error = await stalled
+      .queue({
+        body: {
+          model: 'wan-2-7-text-to-video',
+          prompt: 'late',
+          duration: '5s',
+          resolution: '480p',
+          audio: false,
+        },
+        principal: { kind: 'apiKey', accountId, keyId: authenticated.key.id, keyType: 'INFERENCE' },
+        requestId: 'stalled-request',
+      })
+      .catch((e: unknown) => e);
+    expect(error).toMatchObject({ status: 500 });
+    const entries = await ledgerOf(accountId);
+    expect(entries.filter((e) => e.type === 'REFUND')).toHaveLength(1);
+    expect((await server.services.ledger.getBalance(accountId)).usdNano).toBe(parseUsdToNano('5'));
+    expect(await server.services.video.worker.runOnce()).toBe(0);
   });
 });

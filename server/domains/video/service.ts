@@ -269,7 +269,12 @@ export function createVideoService(deps: VideoServiceDeps) {
         reservation,
         options.items.map((item) => ({ ...item, modelId: model.id, details: { queueId: id } })),
       );
-      await deps.jobs.markQueued(id);
+      if (!(await deps.jobs.markQueued(id))) {
+        // The sweep gave the job up while this request was stalled between its row and its charge: give the
+        // charge back rather than keep money for a job that will not run.
+        await refundJob(deps, created);
+        throw new ApiError(500, VIDEO_MESSAGES.failed, { code: 'INFERENCE_FAILED' });
+      }
       deps.wake?.();
       const downloadUrl = downloadUrlOf(created);
       return {
