@@ -36,6 +36,8 @@ export type AppDeps = {
    * the ApiError to answer with (429).
    */
   admit?(input: { operationId: OperationId; principal: Principal; body: unknown }): Promise<ReplyHeaders>;
+  /** Routes outside the contract and its base path (pre-signed media links), mounted before authentication. */
+  mountRoutes?(app: express.Express): void;
   /**
    * Takes one of the caller's in-flight slots before admission (wallets: at most 5 paid requests at once);
    * returns the release, called when the response is over, or throws the ApiError to answer with (429).
@@ -173,6 +175,7 @@ export function createApp(deps: AppDeps): express.Express {
   );
 
   mountOperationsSurface(app, deps);
+  deps.mountRoutes?.(app);
 
   // Authentication, from the operation's `security` in the spec.
   app.use(BASE_PATH, (req, res, next) => {

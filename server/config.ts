@@ -74,6 +74,12 @@ const variables = z.object({
   SCRAPE_MAX_BYTES: z.coerce.number().int().min(1_024).max(50_000_000).default(2_000_000),
   SCRAPE_TIMEOUT_MS: z.coerce.number().int().min(100).max(120_000).default(10_000),
   SCRAPE_MAX_REDIRECTS: z.coerce.number().int().min(0).max(20).default(5),
+  VIDEO_WORKER_ENABLED: bool.default(true),
+  VIDEO_WORKER_CONCURRENCY: z.coerce.number().int().min(1).max(64).default(1),
+  VIDEO_WORKER_POLL_MS: z.coerce.number().int().min(10).max(60_000).default(1_000),
+  VIDEO_JOB_LEASE_MS: z.coerce.number().int().min(1_000).max(3_600_000).default(60_000),
+  VIDEO_MEDIA_TTL_HOURS: z.coerce.number().int().min(1).max(720).default(24),
+  VIDEO_UPSTREAM_POLL_MS: z.coerce.number().int().min(10).max(60_000).default(2_000),
   X402_FACILITATOR_URL: z.url().optional(),
   X402_BASE_RPC_URL: z.url().optional(),
   X402_FACILITATOR_PRIVATE_KEY: z
@@ -154,6 +160,15 @@ const schema = variables.transform((env) => ({
     maxBytes: env.SCRAPE_MAX_BYTES,
     timeoutMs: env.SCRAPE_TIMEOUT_MS,
     maxRedirects: env.SCRAPE_MAX_REDIRECTS,
+  },
+  /** Video jobs: the in-process worker, job leases, media retention, upstream polling. */
+  video: {
+    workerEnabled: env.VIDEO_WORKER_ENABLED,
+    concurrency: env.VIDEO_WORKER_CONCURRENCY,
+    pollIntervalMs: env.VIDEO_WORKER_POLL_MS,
+    leaseMs: env.VIDEO_JOB_LEASE_MS,
+    mediaTtlMs: env.VIDEO_MEDIA_TTL_HOURS * 3_600_000,
+    upstreamPollMs: env.VIDEO_UPSTREAM_POLL_MS,
   },
 }));
 

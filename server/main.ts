@@ -81,6 +81,9 @@ if (!(smoke instanceof Response) || smoke.status !== 200) {
   await services.close();
   process.exit(1);
 }
+// The video worker: any number of instances may run one; each job is claimed by exactly one of them.
+if (config.video.workerEnabled) services.video.worker.start();
+
 logger.info(
   { url: `${base}/api/v1`, docs: `${base}/docs`, database: services.database.dialect },
   'listening',
@@ -120,6 +123,8 @@ async function shutdown(signal: string) {
   timer.unref();
   await closed;
   clearTimeout(timer);
+  // Jobs in hand go back to the queue for another instance (services.close() also stops the worker).
+  await services.video.worker.stop();
   await services.close();
   logger.info('stopped');
   process.exit(0);

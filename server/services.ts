@@ -18,9 +18,16 @@ import { createScraper } from './domains/chat/web/scrape.ts';
 import { createImageHandlers } from './domains/images/handlers.ts';
 import { createImageProviders } from './domains/images/providers.ts';
 import { createImageService } from './domains/images/service.ts';
+import { createDecisionHandlers } from './domains/decisions/handlers.ts';
+import { createDecisionService } from './domains/decisions/service.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
 import { createRpcDomain, type RpcDomain } from './domains/rpc/index.ts';
+import { mountVideoDownloads } from './domains/video/download-route.ts';
+import { createVideoHandlers } from './domains/video/handlers.ts';
+import { createVideoProviders } from './domains/video/providers.ts';
+import { createVideoService, type VideoService } from './domains/video/service.ts';
+import { createVideoWorker, type VideoWorker } from './domains/video/worker.ts';
 import { discoveryPaymentRequired } from './domains/wallet/discovery.ts';
 import { createWalletDomain, type WalletDomain } from './domains/wallet/index.ts';
 import { createHandlers } from './handlers.ts';
@@ -38,6 +45,7 @@ import { createIdempotency, type IdempotencyStore } from './storage/idempotency.
 import { createLedger, type LedgerRepository } from './storage/ledger.ts';
 import { migrate } from './storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from './storage/rate-limits.ts';
+import { createVideoJobs, type VideoJobsRepository } from './storage/video-jobs.ts';
 
 export type Services = {
   config: Config;
@@ -49,6 +57,8 @@ export type Services = {
   rateLimits: RateLimitsRepository;
   idempotency: IdempotencyStore;
   rpc: RpcDomain;
+  /** Video jobs: the store, the service and this instance's worker (`main.ts` starts and stops it). */
+  video: { jobs: VideoJobsRepository; service: VideoService; worker: VideoWorker };
   /** Reserve -> capture -> release for every paid operation (wallets get the wallet 402). */
   charges: Charges;
   wallet: WalletDomain;
@@ -162,6 +172,28 @@ export async function createServices(
     },
   });
 
+  const videoJobs = createVideoJobs(database);
+  const videoWorker = createVideoWorker({
+    jobs: videoJobs,
+    ledger,
+    catalog,
+    providerFor: createVideoProviders({ config, upstreamPollMs: config.video.upstreamPollMs }),
+    leaseMs: config.video.leaseMs,
+    pollIntervalMs: config.video.pollIntervalMs,
+    concurrency: config.video.concurrency,
+    logger,
+  });
+  const video = createVideoService({
+    catalog,
+    charges,
+    ledger,
+    jobs: videoJobs,
+    isPro: async (accountId) => (await accounts.get(accountId)).pro,
+    mediaTtlMs: config.video.mediaTtlMs,
+    wake: () => videoWorker.wake(),
+    publicOrigin: config.publicOrigin,
+  });
+
   const handlers = createHandlers({
     ...createChatHandlers({ chat, timeoutMs: config.chat.timeoutMs, idempotency }),
     ...createCatalogHandlers(catalog),
@@ -182,6 +214,15 @@ export async function createServices(
     }),
     ...createBillingHandlers({ ledger, keys, modelType: (id) => catalog.getModel(id)?.type }),
     ...rpc.handlers,
+    ...createVideoHandlers({ video }),
+    ...createDecisionHandlers({
+      decisions: createDecisionService({
+        catalog,
+        charges,
+        isPro: async (accountId) => (await accounts.get(accountId)).pro,
+        providerFor: createChatProviders({ config, metrics }),
+      }),
+    }),
     ...wallet.handlers,
   });
 
@@ -228,6 +269,7 @@ export async function createServices(
     handlers,
     metrics,
     readiness: () => database.ping(),
+    mountRoutes: (express) => mountVideoDownloads(express, { video }),
     acquireSlot: (input) => wallet.acquireSlot(input),
     replyHeaders: (input) => wallet.replyHeaders(input),
     async admit({ operationId, principal, body }) {
@@ -239,7 +281,15 @@ export async function createServices(
       const limits =
         operationId === 'callCryptoRpc'
           ? {}
-          : (await limiter.admit(principal, await tierOf(principal.accountId), model)).headers;
+          : (
+              await limiter.admit(
+                principal,
+                await tierOf(principal.accountId),
+                // Polling a video job and cleaning it up are free: they count against the general
+                // per-minute budget, not the model's (40 queued jobs a minute would allow little polling).
+                operationId === 'retrieveVideo' || operationId === 'completeVideo' ? undefined : model,
+              )
+            ).headers;
       return inference ? { ...limits, ...(await inferenceHeaders(principal, model)) } : limits;
     },
   };
@@ -254,11 +304,13 @@ export async function createServices(
     rateLimits,
     idempotency,
     rpc,
+    video: { jobs: videoJobs, service: video, worker: videoWorker },
     charges,
     wallet,
     app,
-    close: () => {
+    close: async () => {
       rpc.close();
+      await videoWorker.stop();
       wallet.close();
       return database.close();
     },

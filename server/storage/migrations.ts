@@ -263,6 +263,59 @@ function rpc(): Migration {
   };
 }
 
+/** Video jobs shared by every instance's worker, and their finished media (migration 0008_video). */
+function video(dialect: Dialect): Migration {
+  const bytes = dialect === 'postgres' ? 'bytea' : 'blob';
+  return {
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable('video_jobs')
+        .addColumn('id', 'text', (c) => c.primaryKey())
+        .addColumn('account_id', 'text', (c) => c.notNull().references('accounts.id'))
+        .addColumn('api_key_id', 'text')
+        .addColumn('request_id', 'text', (c) => c.notNull())
+        .addColumn('model_id', 'text', (c) => c.notNull())
+        .addColumn('backend', 'text', (c) => c.notNull())
+        .addColumn('params', 'text', (c) => c.notNull())
+        .addColumn('price_nano', 'bigint', (c) => c.notNull())
+        .addColumn('status', 'text', (c) =>
+          c.notNull().check(inList('status', ['unpaid', 'queued', 'running', 'completed', 'failed'])),
+        )
+        .addColumn('attempts', 'integer', (c) => c.notNull().defaultTo(0))
+        .addColumn('lease_owner', 'text')
+        .addColumn('lease_until_ms', 'bigint')
+        .addColumn('upstream_handle', 'text')
+        .addColumn('error_code', 'text')
+        .addColumn('error_message', 'text')
+        .addColumn('recommended_model', 'text')
+        .addColumn('refunded', 'integer', (c) => c.notNull().defaultTo(0).check(sql`refunded in (0, 1)`))
+        .addColumn('created_at_ms', 'bigint', (c) => c.notNull())
+        .addColumn('started_at_ms', 'bigint')
+        .addColumn('finished_at_ms', 'bigint')
+        .addColumn('expires_at_ms', 'bigint', (c) => c.notNull())
+        .execute();
+      await db.schema
+        .createIndex('video_jobs_claim_idx')
+        .on('video_jobs')
+        .columns(['status', 'lease_until_ms', 'created_at_ms'])
+        .execute();
+      await db.schema
+        .createIndex('video_jobs_model_finished_idx')
+        .on('video_jobs')
+        .columns(['model_id', 'finished_at_ms'])
+        .execute();
+      await db.schema.createIndex('video_jobs_expiry_idx').on('video_jobs').column('expires_at_ms').execute();
+      await db.schema
+        .createTable('video_media')
+        .addColumn('job_id', 'text', (c) => c.primaryKey())
+        .addColumn('content_type', 'text', (c) => c.notNull())
+        .addColumn('size', 'bigint', (c) => c.notNull())
+        .addColumn('bytes', bytes, (c) => c.notNull())
+        .execute();
+    },
+  };
+}
+
 /** Every migration, by name; names sort in the order they run. */
 export function storageMigrations(dialect: Dialect): Record<string, Migration> {
   return {
@@ -270,6 +323,7 @@ export function storageMigrations(dialect: Dialect): Record<string, Migration> {
     '0002_idempotency': idempotency(),
     '0003_wallet': walletMigration(),
     '0004_rpc': rpc(),
+    '0008_video': video(dialect),
   };
 }
 

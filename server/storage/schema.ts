@@ -133,6 +133,39 @@ export interface RpcCreditSubjectsTable {
   subject: string;
 }
 
+/** One video job (migration 0008_video); `params` is the JSON of the validated request. */
+export interface VideoJobsTable {
+  id: string;
+  account_id: string;
+  api_key_id: string | null;
+  request_id: string;
+  model_id: string;
+  backend: string;
+  params: string;
+  price_nano: bigint;
+  status: 'unpaid' | 'queued' | 'running' | 'completed' | 'failed';
+  attempts: Int;
+  lease_owner: string | null;
+  lease_until_ms: Int | null;
+  upstream_handle: string | null;
+  error_code: string | null;
+  error_message: string | null;
+  recommended_model: string | null;
+  refunded: Int;
+  created_at_ms: Int;
+  started_at_ms: Int | null;
+  finished_at_ms: Int | null;
+  expires_at_ms: Int;
+}
+
+/** The finished video of a job, kept in the database so every instance can serve it (migration 0008_video). */
+export interface VideoMediaTable {
+  job_id: string;
+  content_type: string;
+  size: Int;
+  bytes: Uint8Array;
+}
+
 export interface Tables {
   accounts: AccountsTable;
   diem_usage: DiemUsageTable;
@@ -144,6 +177,8 @@ export interface Tables {
   idempotency_records: IdempotencyRecordsTable;
   rpc_credit_usage: RpcCreditUsageTable;
   rpc_credit_subjects: RpcCreditSubjectsTable;
+  video_jobs: VideoJobsTable;
+  video_media: VideoMediaTable;
 }
 
 // 0003_wallet: Sign-In-With-X nonces, x402 top-up payments, pending settlements, wallet request slots.
