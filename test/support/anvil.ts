@@ -1,7 +1,8 @@
 /**
- * A real EVM node for tests, from npm alone: the `anvil` binary that `@foundry-rs/anvil` ships inside its
- * platform package (npm does not run its postinstall here, and nothing is downloaded). Loopback only, a free
- * port, stopped by its pid, also when the test fails.
+ * A real EVM node for tests, from npm alone: the `anvil` binary inside `@foundry-rs/anvil-linux-amd64` (we
+ * depend on the platform package itself: the registry mirror has no other platform package of
+ * `@foundry-rs/anvil`, so a lockfile with the umbrella package fails `npm ci`; nothing is downloaded).
+ * Loopback only, a free port, stopped by its pid, also when the test fails.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { createRequire } from 'node:module';

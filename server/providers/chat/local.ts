@@ -9,6 +9,7 @@
  * prefix reads them from the cache.
  */
 import { createHash } from 'node:crypto';
+import { mulberry32 } from '../random.ts';
 import { countMessageTokens, countPromptTokens, decodeTokens, encodeText } from './tokenizer.ts';
 import type {
   ChatEvent,
@@ -54,18 +55,6 @@ const EFFORT_WORDS: Record<string, number> = {
   xhigh: 120,
   max: 160,
 };
-
-/** A small seeded PRNG (mulberry32): the same seed gives the same sequence on every platform. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 function hash32(text: string): number {
   return createHash('sha256').update(text).digest().readUInt32BE(0);
@@ -355,9 +344,9 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
       let reasoningTokens = 0;
 
       for (let index = 0; index < request.n; index++) {
-        const random = rng(baseSeed * 31 + index);
+        const random = mulberry32(baseSeed * 31 + index);
         // Length and sentence breaks follow the prompt, so a greedy draw gives one answer whatever the seed.
-        const shape = rng(hash32(`${lastUserText(request.messages)}\u0000${index}`));
+        const shape = mulberry32(hash32(`${lastUserText(request.messages)}\u0000${index}`));
         const sampler = createSampler(request, random, promptWords, LEXICON);
         const budget = request.maxTokens;
         const plan: PlannedToken[] = [];

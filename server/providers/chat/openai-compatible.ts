@@ -7,6 +7,7 @@
  * kinds (429/503 capacity, 408/504 timeout, 400/404/422 the upstream's refusal, the rest failed).
  */
 import { readSseEvents } from '../../../client/sse.ts';
+import { readBodyCapped, redactUrl, upstreamError } from '../http.ts';
 import { countPromptTokens, countTokens } from './tokenizer.ts';
 import {
   type ChatEvent,
@@ -50,16 +51,6 @@ type UpstreamChunk = {
   error?: { message?: string; code?: string | null; type?: string };
 };
 
-/** Strips credentials and query strings from a URL before it reaches a message. */
-function redact(url: string): string {
-  try {
-    const u = new URL(url);
-    return `${u.protocol}//${u.host}${u.pathname}`;
-  } catch {
-    return '[invalid url]';
-  }
-}
-
 export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions): ChatProvider {
   const doFetch = options.fetch ?? fetch;
   const maxBytes = options.maxBytes ?? 16 * 1024 * 1024;
@@ -97,7 +88,7 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
           });
         return fail(
           'failed',
-          `Upstream ${options.name} (${redact(endpoint)}) failed: ${(error as Error)?.message ?? error}`,
+          `Upstream ${options.name} (${redactUrl(endpoint)}) failed: ${(error as Error)?.message ?? error}`,
           { cause: error },
         );
       };
@@ -145,8 +136,10 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
           throw translate(error);
         }
         if (response.status !== 200) {
-          const detail = await readCapped(response, 64 * 1024).catch(() => '');
-          const message = upstreamMessage(detail) ?? `status ${response.status}`;
+          const detail = await readBodyCapped(response, 64 * 1024, { truncate: true })
+            .then((bytes) => bytes?.toString('utf8') ?? '')
+            .catch(() => '');
+          const message = upstreamError(detail).message ?? `status ${response.status}`;
           const retry = Number(response.headers.get('retry-after'));
           const retryAfter = Number.isFinite(retry) && retry > 0 ? retry : undefined;
           if (response.status === 429 || response.status === 503 || response.status === 529)
@@ -272,34 +265,4 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
       }
     },
   };
-}
-
-async function readCapped(response: Response, limit: number): Promise<string> {
-  if (!response.body) return '';
-  const reader = response.body.getReader();
-  const parts: Uint8Array[] = [];
-  let size = 0;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    parts.push(value);
-    size += value.byteLength;
-    if (size >= limit) {
-      await reader.cancel();
-      break;
-    }
-  }
-  return Buffer.concat(parts).toString('utf8').slice(0, limit);
-}
-
-function upstreamMessage(text: string): string | undefined {
-  try {
-    const body = JSON.parse(text) as { error?: string | { message?: string }; message?: string };
-    if (typeof body.error === 'string') return body.error;
-    if (body.error && typeof body.error.message === 'string') return body.error.message;
-    if (typeof body.message === 'string') return body.message;
-  } catch {
-    // not JSON
-  }
-  return text.trim().slice(0, 300) || undefined;
 }

@@ -17,6 +17,7 @@
  * the same pixels.
  */
 import sharp from 'sharp';
+import { mulberry32 } from '../random.ts';
 import type { ImageProvider, ImageProviderRequest, ImageProviderResult, ProviderImage } from './types.ts';
 
 /** The internal long side per quality tier. */
@@ -90,18 +91,6 @@ export function hash32(text: string, seed = 0x811c9dc5): number {
     h = Math.imul(h, 0x01000193) >>> 0;
   }
   return h >>> 0;
-}
-
-/** mulberry32: a small, fast, deterministic generator in [0, 1). */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 function words(text: string | undefined): string[] {
@@ -245,7 +234,7 @@ export type RenderInput = {
 /** Draws one picture as raw RGB at `width` × `height`. */
 export function renderPixels(input: RenderInput): Buffer {
   const { width, height } = input;
-  const random = prng(hash32(String(input.seed), hash32(input.prompt)));
+  const random = mulberry32(hash32(String(input.seed), hash32(input.prompt)));
   const palette = paletteOf(input.prompt, input.negativePrompt, input.styleHues);
   const look = styleLook(input.stylePreset);
   const octaves = Math.max(1, Math.min(8, Math.round(input.steps / 2) + 1));

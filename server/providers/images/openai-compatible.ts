@@ -8,6 +8,7 @@
  * policy, 400/404/422 the upstream's refusal, the rest failed).
  */
 import sharp from 'sharp';
+import { readBodyCapped, redactUrl, upstreamError } from '../http.ts';
 import {
   type ImageProvider,
   ImageProviderError,
@@ -59,55 +60,6 @@ export function nearestOpenAiSize(width: number, height: number): string {
   return `${best[0]}x${best[1]}`;
 }
 
-function redact(url: string): string {
-  try {
-    const u = new URL(url);
-    return `${u.protocol}//${u.host}${u.pathname}`;
-  } catch {
-    return '[invalid url]';
-  }
-}
-
-async function readCapped(response: Response, limit: number): Promise<Buffer | undefined> {
-  if (!response.body) return Buffer.alloc(0);
-  const reader = response.body.getReader();
-  const parts: Uint8Array[] = [];
-  let size = 0;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    size += value.byteLength;
-    if (size > limit) {
-      await reader.cancel();
-      return undefined;
-    }
-    parts.push(value);
-  }
-  return Buffer.concat(parts);
-}
-
-function upstreamError(text: string): { message?: string; code?: string } {
-  try {
-    const body = JSON.parse(text) as {
-      error?: string | { message?: string; code?: string | null };
-      message?: string;
-      code?: string;
-    };
-    if (typeof body.error === 'string')
-      return { message: body.error, ...(body.code ? { code: body.code } : {}) };
-    if (body.error && typeof body.error === 'object')
-      return {
-        ...(typeof body.error.message === 'string' ? { message: body.error.message } : {}),
-        ...(typeof body.error.code === 'string' ? { code: body.error.code } : {}),
-      };
-    if (typeof body.message === 'string') return { message: body.message };
-  } catch {
-    // not JSON
-  }
-  const trimmed = text.trim().slice(0, 300);
-  return trimmed ? { message: trimmed } : {};
-}
-
 export function createOpenAiCompatibleImageProvider(options: OpenAiCompatibleImageOptions): ImageProvider {
   const doFetch = options.fetch ?? fetch;
   const maxBytes = options.maxBytes ?? 64 * 1024 * 1024;
@@ -142,7 +94,7 @@ export function createOpenAiCompatibleImageProvider(options: OpenAiCompatibleIma
           });
         return fail(
           'failed',
-          `Upstream ${options.name} (${redact(endpoint)}) failed: ${(error as Error)?.message ?? error}`,
+          `Upstream ${options.name} (${redactUrl(endpoint)}) failed: ${(error as Error)?.message ?? error}`,
           { cause: error },
         );
       };
@@ -170,7 +122,7 @@ export function createOpenAiCompatibleImageProvider(options: OpenAiCompatibleIma
             body: JSON.stringify(body),
             signal,
           });
-          raw = await readCapped(response, response.status === 200 ? maxBytes : 64 * 1024);
+          raw = await readBodyCapped(response, response.status === 200 ? maxBytes : 64 * 1024);
         } catch (error) {
           throw translate(error);
         }

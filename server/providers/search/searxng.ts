@@ -4,6 +4,7 @@
  * schema check, and every string cleaned and capped before it can reach a prompt.
  */
 import { z } from 'zod';
+import { readBodyCapped, redactUrl } from '../http.ts';
 import { SearchError, type SearchProvider, type SearchResult } from './types.ts';
 
 export type SearxngSearchOptions = {
@@ -48,7 +49,7 @@ export function createSearxngSearch(options: SearxngSearchOptions): SearchProvid
     endpoint.username = '';
     endpoint.password = '';
   }
-  const shown = redact(endpoint);
+  const shown = redactUrl(endpoint);
   const doFetch = options.fetch ?? fetch;
   const maxBytes = options.maxBytes ?? DEFAULT_MAX_BYTES;
   const maxContentChars = options.maxContentChars ?? DEFAULT_MAX_CONTENT_CHARS;
@@ -131,30 +132,6 @@ export function createSearxngSearch(options: SearxngSearchOptions): SearchProvid
   };
 }
 
-/** Reads a body as UTF-8, failing as soon as it passes `maxBytes` (a declared length is checked first). */
-async function readCapped(response: Response, maxBytes: number): Promise<string> {
-  const declared = Number(response.headers.get('content-length'));
-  if (Number.isFinite(declared) && declared > maxBytes) {
-    await response.body?.cancel().catch(() => {});
-    throw new SearchError('too_large', `search engine reply is larger than ${maxBytes} bytes`);
-  }
-  if (!response.body) return '';
-  const reader = response.body.getReader();
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    size += value.byteLength;
-    if (size > maxBytes) {
-      await reader.cancel().catch(() => {});
-      throw new SearchError('too_large', `search engine reply is larger than ${maxBytes} bytes`);
-    }
-    chunks.push(value);
-  }
-  return Buffer.concat(chunks).toString('utf8');
-}
-
 /** The URL in canonical form when it is http(s), else undefined (no `javascript:` links reach a client). */
 function httpUrl(value: string): string | undefined {
   try {
@@ -177,7 +154,9 @@ function clean(value: string, max: number): string {
   return `${cut.trimEnd()}…`;
 }
 
-/** The URL without credentials or query, for messages. */
-function redact(url: URL): string {
-  return `${url.protocol}//${url.host}${url.pathname}`;
+/** The body as UTF-8 within `maxBytes`, or the `too_large` search failure. */
+async function readCapped(response: Response, maxBytes: number): Promise<string> {
+  const bytes = await readBodyCapped(response, maxBytes);
+  if (!bytes) throw new SearchError('too_large', `search engine reply is larger than ${maxBytes} bytes`);
+  return bytes.toString('utf8');
 }

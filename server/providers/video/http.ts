@@ -12,6 +12,8 @@
  * distrusted: per-request timeouts, a deadline for the whole job, a size cap on the video, an MP4 signature
  * check, and failures mapped to the provider error kinds.
  */
+
+import { readBodyCapped } from '../http.ts';
 import {
   type VideoGenerationRequest,
   type VideoProvider,
@@ -55,27 +57,6 @@ const sleep = (ms: number, signal: AbortSignal) =>
 /** True when the bytes start like an ISO base media file (`ftyp` box). */
 export function looksLikeMp4(bytes: Uint8Array): boolean {
   return bytes.length >= 12 && Buffer.from(bytes.subarray(4, 8)).toString('latin1') === 'ftyp';
-}
-
-async function readCapped(response: Response, maxBytes: number): Promise<Buffer> {
-  const declared = Number(response.headers.get('content-length') ?? '0');
-  if (declared > maxBytes)
-    throw new VideoProviderError('failed', 'The upstream video exceeds the size limit');
-  const reader = response.body?.getReader();
-  if (!reader) return Buffer.alloc(0);
-  const chunks: Uint8Array[] = [];
-  let total = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    total += value.length;
-    if (total > maxBytes) {
-      await reader.cancel().catch(() => undefined);
-      throw new VideoProviderError('failed', 'The upstream video exceeds the size limit');
-    }
-    chunks.push(value);
-  }
-  return Buffer.concat(chunks);
 }
 
 function errorText(body: unknown, fallback: string): string {
@@ -265,4 +246,11 @@ export function createHttpVideoProvider(options: HttpVideoProviderOptions): Vide
       }
     },
   };
+}
+
+/** The body within `maxBytes`, or the size-limit failure. */
+async function readCapped(response: Response, maxBytes: number): Promise<Buffer> {
+  const bytes = await readBodyCapped(response, maxBytes);
+  if (!bytes) throw new VideoProviderError('failed', 'The upstream video exceeds the size limit');
+  return bytes;
 }

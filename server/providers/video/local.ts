@@ -16,6 +16,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { mulberry32 } from '../random.ts';
 import {
   type VideoGenerationRequest,
   type VideoProvider,
@@ -69,18 +70,6 @@ export function frameSize(
     : { width: even(side), height: even((side * h) / w) };
 }
 
-/** A small seeded PRNG (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 type Rgb = [number, number, number];
 
 function hsl(h: number, s: number, l: number): Rgb {
@@ -108,7 +97,7 @@ export function sceneOf(request: VideoGenerationRequest) {
   const digest = createHash('sha256')
     .update(JSON.stringify([request.prompt, request.negativePrompt ?? '', request.seed]))
     .digest();
-  const random = rng(digest.readUInt32BE(0));
+  const random = mulberry32(digest.readUInt32BE(0));
   const hue = random();
   const top = hsl(hue, 0.55, 0.25);
   const bottom = hsl((hue + 0.33 + random() * 0.2) % 1, 0.6, 0.55);
