@@ -39,6 +39,16 @@ afterAll(async () => {
 });
 
 describe('workflows (Redocly Respect) against the real server', () => {
+  test('behavior: an image is generated in each format (PNG, JPEG, WebP)', async () => {
+    const result = await runWorkflows('images.arazzo.yaml', {
+      server: server.directBase,
+      inputs: { apiKey: TEST_ADMIN_KEY },
+    });
+    expect(result.failedSteps, result.output).toEqual([]);
+    expect(result.passedSteps).toEqual(['png', 'jpeg', 'webp']);
+    expect(result.code, result.output).toBe(0);
+  });
+
   test('behavior: a new API key makes a chat call and sees the charge in billing', async () => {
     const result = await runWorkflows('api-key-chat.arazzo.yaml', {
       server: server.directBase,
