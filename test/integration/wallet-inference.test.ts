@@ -2,7 +2,8 @@
  * Wallet-paid chat end to end on the real handlers (local engine): a SIWX-signed chat request is charged to
  * the wallet; `/x402/transactions` lists the CHARGE with the request id and the model id; `X-Balance-Remaining`,
  * the balance endpoint and the ledger agree with the `cost` the answer reports; a streamed answer is billed the
- * same way; a wallet under the admission minimum gets the wallet 402.
+ * same way; a wallet under the admission minimum gets the wallet 402. The JSON-RPC proxy takes the wallet
+ * scheme too.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -11,22 +12,27 @@ import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { readChatCompletionChunks } from '../../client/index.ts';
 import { formatUsdFixed, parseUsdToNano } from '../../server/money.ts';
+import { type StartedAnvil, startAnvil } from '../support/anvil.ts';
 import { type StartedServer, startServer } from '../support/server.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 const ORIGIN = 'https://api.example.test';
-const scratch = mkdtempSync(join(tmpdir(), 'wallet-chat-'));
+const scratch = mkdtempSync(join(tmpdir(), 'wallet-inference-'));
 let server: StartedServer;
+let anvil: StartedAnvil;
 
 beforeAll(async () => {
-  server = await startServer(`sqlite:${join(scratch, 'wallet-chat.db')}`, {
+  anvil = await startAnvil();
+  server = await startServer(`sqlite:${join(scratch, 'wallet-inference.db')}`, {
     PUBLIC_ORIGIN: ORIGIN,
     X402_PAY_TO_BASE: '0x7a3B9c2D1e4F5a6B7c8D9e0F1a2B3c4D5e6F7a8B',
+    RPC_UPSTREAM_BASE_MAINNET: anvil.url,
   });
 });
 
 afterAll(async () => {
   await server?.close();
+  await anvil?.stop();
   rmSync(scratch, { recursive: true, force: true });
 });
 
@@ -124,5 +130,27 @@ describe('wallet-paid chat on the real handlers', () => {
     expect(await response.json()).toMatchObject({ code: 'PAYMENT_REQUIRED', supportedTokens: ['USDC'] });
     expect(response.headers.get('payment-required')).toBeTruthy();
     expect((await server.services.ledger.getBalance(wallet.id)).usdNano).toBe(50_000_000n);
+  });
+
+  test('behavior: a SIWX-signed JSON-RPC call is forwarded and its credits charged to the wallet', async () => {
+    const { account, wallet } = await walletWithCredit(1_000_000_000n);
+    const response = await fetch(`${server.directBase}/crypto/rpc/base-mainnet`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...(await signed(account)) },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'eth_chainId', params: [] }),
+    });
+    expect(response.status).toBe(200);
+    expect(await response.json()).toEqual({ jsonrpc: '2.0', id: 1, result: '0x2105' });
+    expect(response.headers.get('x-service-rpc-credits')).toBe('20');
+    expect(response.headers.get('x-service-rpc-cost-usd')).toBe('0.00001400');
+    // 20 credits at 7e-7 USD: 14,000 nano-USD.
+    const ledger = await server.services.ledger.getBalance(wallet.id);
+    expect(ledger.usdNano).toBe(1_000_000_000n - 14_000n);
+    expect(response.headers.get('x-balance-remaining')).toBe(formatUsdFixed(ledger.usdNano, 6));
+    const history = await getJson(account, `/x402/transactions/${account.address}`);
+    expect(history.data.transactions[0]).toMatchObject({
+      type: 'CHARGE',
+      requestId: response.headers.get('x-request-id'),
+    });
   });
 });
