@@ -44,6 +44,7 @@ type Locals = {
   principal?: Principal;
   operationId?: OperationId;
   start: bigint;
+  sentBody?: Record<string, unknown>;
 };
 
 /** Headers a browser client may read. */
@@ -182,6 +183,21 @@ export function createApp(deps: AppDeps): express.Express {
     express.json({ limit: config.jsonBodyLimitBytes, type: ['application/json', 'application/*+json'] }),
   );
 
+  // What the client wrote, before the validator fills in defaults (one level deep: the validator adds keys to
+  // nested objects in place): chat tells a sent `service_parameters` option from a default with it.
+  app.use((req, res, next) => {
+    const body: unknown = req.body;
+    if (body && typeof body === 'object' && !Array.isArray(body)) {
+      (res.locals as Locals).sentBody = Object.fromEntries(
+        Object.entries(body).map(([k, v]) => [
+          k,
+          v && typeof v === 'object' && !Array.isArray(v) ? { ...v } : v,
+        ]),
+      );
+    }
+    next();
+  });
+
   app.use(
     OpenApiValidator.middleware({
       apiSpec: contract.document as unknown as string,
@@ -218,6 +234,7 @@ export function createApp(deps: AppDeps): express.Express {
       sentQuery: new Set(new URL(req.originalUrl, 'http://local').searchParams.keys()),
       path: openapi?.pathParams ?? {},
       body: req.body,
+      sentBody: locals.sentBody,
       headers: req.headers,
       principal: locals.principal,
       requestId: locals.requestId,

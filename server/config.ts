@@ -62,6 +62,9 @@ const variables = z.object({
   ...(Object.fromEntries(
     RPC_NETWORK_SLUGS.map((slug) => [upstreamVariable(slug), upstreamListSchema.optional()]),
   ) as Record<string, z.ZodOptional<typeof upstreamListSchema>>),
+  CHAT_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(300_000),
+  UPSTREAM_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(120_000),
+  LOCAL_CHAT_TOKEN_DELAY_MS: z.coerce.number().int().min(0).max(1_000).default(0),
   SEARXNG_URL: z
     .url()
     .regex(/^https?:\/\//, 'an http(s) URL')
@@ -112,6 +115,11 @@ const schema = variables.transform((env) => ({
       }),
     ) as Record<string, string[]>,
   },
+  chat: {
+    timeoutMs: env.CHAT_TIMEOUT_MS,
+    upstreamTimeoutMs: env.UPSTREAM_TIMEOUT_MS,
+    localTokenDelayMs: env.LOCAL_CHAT_TOKEN_DELAY_MS,
+  },
   x402: {
     payToBase: env.X402_PAY_TO_BASE,
     payToSolana: env.X402_PAY_TO_SOLANA,
@@ -128,7 +136,13 @@ const schema = variables.transform((env) => ({
   },
 }));
 
-export type Config = z.output<typeof schema>;
+export type Config = z.output<typeof schema> & {
+  /**
+   * Reads a secret the catalogue names by variable (an upstream's `apiKeyEnv`). Only upper-case names are
+   * readable; the value never enters the configuration object itself, so it cannot be logged with it.
+   */
+  readSecret(name: string): string | undefined;
+};
 
 /** Raised when the environment is invalid; the message lists every problem, one per line. */
 export class ConfigError extends Error {
@@ -149,5 +163,7 @@ export function loadConfig(env: Record<string, string | undefined>): Config {
       result.error.issues.map((i) => `${i.path.join('.') || 'environment'}: ${i.message}`),
     );
   }
-  return result.data;
+  const readSecret = (name: string) => (/^[A-Z][A-Z0-9_]*$/.test(name) ? present[name] : undefined);
+  Object.defineProperty(result.data, 'readSecret', { value: readSecret, enumerable: false });
+  return result.data as Config;
 }

@@ -10,6 +10,9 @@ import type { Config } from './config.ts';
 import { createCharges } from './domains/billing/charges.ts';
 import { createBillingHandlers } from './domains/billing/handlers.ts';
 import { createCatalogHandlers } from './domains/catalog/handlers.ts';
+import { createChatHandlers } from './domains/chat/handlers.ts';
+import { createChatProviders } from './domains/chat/providers.ts';
+import { createChatService } from './domains/chat/service.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
 import { createRpcDomain, type RpcDomain } from './domains/rpc/index.ts';
@@ -99,7 +102,18 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
       ),
   };
 
+  const charges = createCharges({ ledger, reservationTtlMs: config.reservationTtlMs });
+  const chat = createChatService({
+    catalog,
+    charges,
+    isPro: async (accountId) => (await accounts.get(accountId)).pro,
+    providerFor: createChatProviders({ config, metrics }),
+    consumeTokens: async (principal, modelId, tokens) =>
+      limiter.consumeTokens(principal, await tierOf(principal.accountId), modelId, tokens),
+  });
+
   const handlers = createHandlers({
+    ...createChatHandlers({ chat, timeoutMs: config.chat.timeoutMs }),
     ...createCatalogHandlers(catalog),
     ...createKeyHandlers({
       keys,

@@ -60,6 +60,8 @@ export type HandlerContext<K extends OperationId> = {
   sentQuery: ReadonlySet<string>;
   path: PathOf<K>;
   body: BodyOf<K>;
+  /** The JSON body as the client wrote it, before the validator filled in defaults (top level and one level down). */
+  sentBody?: Record<string, unknown>;
   headers: IncomingHttpHeaders;
   /** The caller; undefined only on public operations called without credentials. */
   principal: Principal | undefined;

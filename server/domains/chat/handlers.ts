@@ -1,0 +1,354 @@
+/**
+ * `POST /chat/completions`: a `chat.completion` JSON answer, or a Server-Sent Events stream of
+ * `chat.completion.chunk` events that ends with a `choices: []` chunk carrying `usage` and `cost`, then
+ * `data: [DONE]`. The stream's headers are sent only once the backend produced its first event, so failures
+ * before that still get their HTTP status; failures after it are an in-band `{"error": …}` event then
+ * `[DONE]`. A client that goes away stops the backend and is billed for what had been produced.
+ */
+import type { ServerResponse } from 'node:http';
+import type {
+  ChatCompletion,
+  ChatCompletionChunk,
+  ChatCompletionLogprobs,
+  ChatCompletionRequest,
+  ChatToolCall,
+} from '../../../generated/api.d.ts';
+import type { HandlerGroups } from '../../handlers.ts';
+import type { HandlerContext, ReplyHeaders } from '../../http/contract.ts';
+import { ApiError } from '../../http/errors.ts';
+import type { ChatEvent, FinishReason, ProviderUsage, TokenLogprob } from '../../providers/chat/types.ts';
+import { echoOptions } from './options.ts';
+import {
+  type ChatService,
+  MESSAGES,
+  type PreparedChat,
+  type Settlement,
+  streamErrorBody,
+  toApiError,
+} from './service.ts';
+import { createThinkStripper, type ThinkStripper } from './think.ts';
+
+export type ChatHandlersDeps = {
+  chat: ChatService;
+  /** Longest a non-streamed request may run before it is answered with 504 (streams are not limited). */
+  timeoutMs: number;
+};
+
+type ChoiceState = {
+  content: string;
+  reasoning: string;
+  toolCalls: ChatToolCall[];
+  logprobs: TokenLogprob[];
+  finish?: FinishReason;
+  started: boolean;
+  stripper?: ThinkStripper;
+};
+
+function usageBody(usage: ProviderUsage): ChatCompletion['usage'] {
+  return {
+    prompt_tokens: usage.promptTokens,
+    completion_tokens: usage.completionTokens,
+    total_tokens: usage.promptTokens + usage.completionTokens,
+    completion_tokens_details: { reasoning_tokens: usage.reasoningTokens },
+    prompt_tokens_details: {
+      cached_tokens: usage.cachedTokens,
+      cache_creation_input_tokens: usage.cacheCreationTokens,
+    },
+  };
+}
+
+function logprobsBody(tokens: TokenLogprob[]): ChatCompletionLogprobs | null {
+  const first = tokens[0];
+  if (!first) return null;
+  return {
+    token: first.token,
+    logprob: first.logprob,
+    bytes: first.bytes,
+    top_logprobs: first.top_logprobs,
+    content: tokens,
+  };
+}
+
+/** Applies one tool-call fragment to the calls of a choice. */
+function mergeToolCall(
+  calls: ChatToolCall[],
+  delta: NonNullable<Extract<ChatEvent, { type: 'delta' }>['toolCalls']>[number],
+) {
+  const existing = calls[delta.index];
+  if (!existing) {
+    calls[delta.index] = {
+      id: delta.id ?? `call_${delta.index}`,
+      type: 'function',
+      function: { name: delta.function?.name ?? '', arguments: delta.function?.arguments ?? '' },
+    };
+    return;
+  }
+  if (delta.function?.name) existing.function.name += delta.function.name;
+  if (delta.function?.arguments) existing.function.arguments += delta.function.arguments;
+}
+
+/** Whether think blocks are removed from `content` (older tag format) and reasoning dropped (field format). */
+function visibility(prepared: PreparedChat) {
+  const o = prepared.options;
+  const strip = prepared.model.reasoning && (o.strip_thinking_response || o.disable_thinking);
+  return { stripTags: strip, dropReasoning: prepared.model.reasoning && o.disable_thinking };
+}
+
+function modelHeaders(prepared: PreparedChat): ReplyHeaders {
+  return {
+    'x-service-model-id': prepared.model.id,
+    'x-service-model-name': prepared.model.spec.name,
+    ...(prepared.router ? { 'x-service-model-router': prepared.router } : {}),
+  };
+}
+
+export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
+  const { chat } = deps;
+
+  async function complete(ctx: HandlerContext<'createChatCompletion'>, prepared: PreparedChat) {
+    const timer = new AbortController();
+    const timeout = setTimeout(() => timer.abort(), deps.timeoutMs);
+    const signal = AbortSignal.any([ctx.signal, timer.signal]);
+    const n = prepared.request.n;
+    const choices: ChoiceState[] = Array.from({ length: n }, () => ({
+      content: '',
+      reasoning: '',
+      toolCalls: [],
+      logprobs: [],
+      started: false,
+    }));
+    let usage: ProviderUsage | undefined;
+    let settlement: Settlement;
+    const produced = () =>
+      choices
+        .map(
+          (c) =>
+            c.content + c.reasoning + c.toolCalls.map((t) => t.function.name + t.function.arguments).join(''),
+        )
+        .join('');
+    try {
+      try {
+        for await (const event of chat.run(prepared, signal)) {
+          const choice = 'index' in event ? choices[event.index] : undefined;
+          if (event.type === 'usage') usage = event.usage;
+          else if (event.type === 'finish' && choice) choice.finish = event.reason;
+          else if (event.type === 'delta' && choice) {
+            choice.content += event.content ?? '';
+            choice.reasoning += event.reasoning ?? '';
+            for (const call of event.toolCalls ?? []) mergeToolCall(choice.toolCalls, call);
+            if (event.logprobs) choice.logprobs.push(...event.logprobs);
+          }
+        }
+      } catch (error) {
+        if (ctx.signal.aborted) {
+          // The client left: the work done so far is billed; nobody reads an answer.
+          await chat.settle(prepared, undefined, produced());
+          throw error;
+        }
+        await chat.release(prepared);
+        if (timer.signal.aborted)
+          throw new ApiError(504, MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
+        throw toApiError(error);
+      }
+      settlement = await chat.settle(prepared, usage, produced());
+    } finally {
+      clearTimeout(timeout);
+      prepared.done();
+    }
+    const { stripTags, dropReasoning } = visibility(prepared);
+    const body: ChatCompletion = {
+      id: `chatcmpl-${ctx.requestId}`,
+      object: 'chat.completion',
+      created: prepared.created,
+      model: prepared.model.id,
+      choices: choices.map((c, index) => {
+        let content = c.content;
+        if (stripTags) {
+          const s = createThinkStripper();
+          content = s.push(content) + s.flush();
+        }
+        const toolCalls = c.toolCalls.filter(Boolean);
+        return {
+          index,
+          finish_reason: c.finish ?? 'stop',
+          stop_reason: null,
+          logprobs: prepared.request.logprobs ? logprobsBody(c.logprobs) : null,
+          message: {
+            role: 'assistant' as const,
+            content: toolCalls.length > 0 && content === '' ? null : content,
+            reasoning_content: dropReasoning || c.reasoning === '' ? null : c.reasoning,
+            tool_calls: toolCalls.length > 0 ? toolCalls : null,
+          },
+        };
+      }),
+      usage: usageBody(settlement.usage),
+      cost: settlement.cost,
+      prompt_logprobs: null,
+      service_parameters: echoOptions(prepared.options),
+    };
+    return { status: 200 as const, body, headers: modelHeaders(prepared) };
+  }
+
+  async function stream(ctx: HandlerContext<'createChatCompletion'>, prepared: PreparedChat) {
+    const aborter = new AbortController();
+    const onAbort = () => aborter.abort();
+    ctx.signal.addEventListener('abort', onAbort, { once: true });
+    const iterator = chat.run(prepared, aborter.signal)[Symbol.asyncIterator]();
+    let first: IteratorResult<ChatEvent>;
+    try {
+      first = await iterator.next();
+    } catch (error) {
+      ctx.signal.removeEventListener('abort', onAbort);
+      await chat.release(prepared).finally(() => prepared.done());
+      throw toApiError(error);
+    }
+    const { stripTags, dropReasoning } = visibility(prepared);
+    const n = prepared.request.n;
+    const choices: ChoiceState[] = Array.from({ length: n }, () => ({
+      content: '',
+      reasoning: '',
+      toolCalls: [],
+      logprobs: [],
+      started: false,
+      ...(stripTags ? { stripper: createThinkStripper() } : {}),
+    }));
+    const base = {
+      id: `chatcmpl-${ctx.requestId}`,
+      object: 'chat.completion.chunk' as const,
+      created: prepared.created,
+      model: prepared.model.id,
+    };
+    let produced = '';
+
+    return {
+      headers: modelHeaders(prepared),
+      stream: async (res: ServerResponse, signal: AbortSignal) => {
+        signal.addEventListener('abort', onAbort, { once: true });
+        res.writeHead(200, {
+          'Content-Type': 'text/event-stream; charset=utf-8',
+          'Cache-Control': 'no-cache',
+          Connection: 'keep-alive',
+          'X-Accel-Buffering': 'no',
+        });
+        res.flushHeaders();
+        const send = async (payload: unknown) => {
+          if (res.destroyed || aborter.signal.aborted) return;
+          const ok = res.write(
+            `data: ${typeof payload === 'string' ? payload : JSON.stringify(payload)}\n\n`,
+          );
+          if (!ok)
+            await new Promise<void>((resolve) => {
+              const done = () => {
+                res.off('drain', done);
+                res.off('close', done);
+                resolve();
+              };
+              res.on('drain', done);
+              res.on('close', done);
+            });
+        };
+        const chunk = (choice: ChatCompletionChunk['choices'][number]): ChatCompletionChunk => ({
+          ...base,
+          choices: [choice],
+        });
+        let usage: ProviderUsage | undefined;
+        let failure: unknown;
+        try {
+          let next = first;
+          while (!next.done) {
+            const event = next.value;
+            if (event.type === 'usage') usage = event.usage;
+            else {
+              const state = choices[event.index];
+              if (state) {
+                const role = state.started ? {} : { role: 'assistant' as const };
+                state.started = true;
+                if (event.type === 'delta') {
+                  produced +=
+                    (event.content ?? '') +
+                    (event.reasoning ?? '') +
+                    (event.toolCalls ?? [])
+                      .map((t) => (t.function?.name ?? '') + (t.function?.arguments ?? ''))
+                      .join('');
+                  let content = event.content;
+                  if (content !== undefined && state.stripper) content = state.stripper.push(content);
+                  const reasoning = dropReasoning ? undefined : event.reasoning;
+                  const delta = {
+                    ...role,
+                    ...(content !== undefined && (content !== '' || role.role) ? { content } : {}),
+                    ...(reasoning ? { reasoning_content: reasoning } : {}),
+                    ...(event.toolCalls ? { tool_calls: event.toolCalls } : {}),
+                  };
+                  if (Object.keys(delta).length > 0 || event.logprobs)
+                    await send(
+                      chunk({
+                        index: event.index,
+                        delta,
+                        finish_reason: null,
+                        ...(event.logprobs && prepared.request.logprobs
+                          ? { logprobs: logprobsBody(event.logprobs) }
+                          : {}),
+                      }),
+                    );
+                } else {
+                  const rest = state.stripper?.flush();
+                  if (rest)
+                    await send(chunk({ index: event.index, delta: { content: rest }, finish_reason: null }));
+                  await send(chunk({ index: event.index, delta: role, finish_reason: event.reason }));
+                }
+              }
+            }
+            if (aborter.signal.aborted) break;
+            next = await iterator.next();
+          }
+        } catch (error) {
+          failure = error;
+        } finally {
+          ctx.signal.removeEventListener('abort', onAbort);
+          signal.removeEventListener('abort', onAbort);
+        }
+        try {
+          if (aborter.signal.aborted || res.destroyed) {
+            await iterator.return?.(undefined);
+            await chat.settle(prepared, undefined, produced);
+            return;
+          }
+          if (failure) {
+            // Delivered output is billed; the rest of the reservation goes back.
+            await chat.settle(prepared, undefined, produced);
+            await send(streamErrorBody(failure));
+            await send('[DONE]');
+            return;
+          }
+          const settlement = await chat.settle(prepared, usage, produced);
+          await send({
+            ...base,
+            choices: [],
+            usage: usageBody(settlement.usage),
+            cost: settlement.cost,
+            service_parameters: echoOptions(prepared.options),
+          });
+          await send('[DONE]');
+        } finally {
+          prepared.done();
+          res.end();
+        }
+      },
+    };
+  }
+
+  return {
+    createChatCompletion: async (ctx) => {
+      const principal = ctx.principal;
+      if (!principal) throw new ApiError(401, 'Authentication failed', { code: 'AUTHENTICATION_FAILED' });
+      const body = ctx.body as ChatCompletionRequest;
+      const sent = ctx.sentBody?.service_parameters as ChatCompletionRequest['service_parameters'];
+      const prepared = await chat.prepare({
+        body: { ...body, service_parameters: sent ?? {} },
+        principal,
+        requestId: ctx.requestId,
+      });
+      return body.stream ? stream(ctx, prepared) : complete(ctx, prepared);
+    },
+  };
+}

@@ -1,0 +1,443 @@
+/**
+ * The chat service: turns a validated request into a priced, routed provider run and settles its bill.
+ *
+ *   prepare: resolve the model (404), Pro gate (401), options and persona (400/404), capability checks (400),
+ *            messages, prompt tokens, a concurrency slot (503), then the reservation of the worst case; when
+ *            the balance cannot cover the full bound the bound is lowered to what it covers (402 only below a
+ *            minimal answer).
+ *   run:     the provider events, from the backend chosen for the request (`prompt_cache_key` always picks the
+ *            same one), failing over to the next backend when one fails before producing anything.
+ *   settle:  capture the real cost (prompt, cache reads and writes, output, searches, scrapes) as CHARGE
+ *            entries with the request and model ids, release the rest, count the tokens per minute.
+ */
+import { createHash } from 'node:crypto';
+import type { ChatCompletionRequest } from '../../../generated/api.d.ts';
+import type { CatalogService } from '../../catalog/service.ts';
+import type { Backend, CatalogModel } from '../../catalog/types.ts';
+import type { Principal } from '../../http/auth.ts';
+import { ApiError, badRequest, notFound } from '../../http/errors.ts';
+import { nanoToUsdNumber } from '../../money.ts';
+import { countPromptTokens, countTokens } from '../../providers/chat/tokenizer.ts';
+import {
+  type ChatEvent,
+  type ChatProvider,
+  ChatProviderError,
+  type ChatProviderRequest,
+  type ProviderTool,
+  type ProviderToolChoice,
+  type ProviderUsage,
+} from '../../providers/chat/types.ts';
+import type { Reservation } from '../../storage/ledger.ts';
+import type { Charges } from '../billing/charges.ts';
+import { type ChatOptions, resolveOptions } from './options.ts';
+import { affordableCompletionTokens, chargeItems, type Extras, worstCaseNano } from './pricing.ts';
+import { buildMessages, type FileConverter } from './prompt.ts';
+
+export type ChatServiceDeps = {
+  catalog: CatalogService;
+  charges: Charges;
+  isPro(accountId: string): Promise<boolean>;
+  /** The provider serving one backend of a model. */
+  providerFor(backend: Backend): ChatProvider;
+  /** Adds the tokens of a finished request to the caller's tokens-per-minute window. */
+  consumeTokens?(principal: Principal, modelId: string, tokens: number): Promise<void>;
+  convertFile?: FileConverter;
+  /** Default output bound for models whose catalogue entry gives none. */
+  defaultMaxTokens?: number;
+};
+
+/** The smallest answer worth starting: below it, a request the balance cannot cover is refused (402). */
+export const MIN_COMPLETION_TOKENS = 16;
+
+export const MESSAGES = {
+  capacity: 'The model is at capacity. Please try again later.',
+  timeout:
+    'The request took too long to complete and was timed-out. For long-running inference requests, use the streaming API by setting `stream=true` in your request.',
+  failed: 'Inference processing failed',
+  proOnly: 'This model is only available to Pro users',
+  characterNotFound: 'No character could be found from the provided character_slug',
+};
+
+export type PreparedChat = {
+  requestId: string;
+  created: number;
+  principal: Principal;
+  model: CatalogModel;
+  options: ChatOptions;
+  request: Omit<ChatProviderRequest, 'signal'>;
+  promptTokens: number;
+  /** Bound actually applied (may be lower than asked when the balance could not cover it). */
+  maxTokens: number;
+  extras: Extras;
+  reservation: Reservation;
+  backends: readonly Backend[];
+  /** Set once a backend answered: its name. */
+  router?: string;
+  /** Frees the concurrency slot; idempotent. */
+  done(): void;
+};
+
+export type Settlement = {
+  usage: ProviderUsage;
+  cost: { usd: number; diem: number };
+};
+
+/** A provider failure as the interface's status. */
+export function toApiError(error: unknown): ApiError {
+  if (error instanceof ApiError) return error;
+  if (error instanceof ChatProviderError) {
+    switch (error.kind) {
+      case 'capacity':
+        return new ApiError(503, MESSAGES.capacity, {
+          code: 'MODEL_AT_CAPACITY',
+          cause: error,
+          ...(error.retryAfter ? { headers: { 'Retry-After': String(error.retryAfter) } } : {}),
+        });
+      case 'timeout':
+        return new ApiError(504, MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
+      case 'bad_request':
+        return new ApiError(400, error.message, { code: 'UPSTREAM_REJECTED', cause: error });
+      default:
+        return new ApiError(500, MESSAGES.failed, { code: 'INFERENCE_FAILED', cause: error });
+    }
+  }
+  return new ApiError(500, MESSAGES.failed, { code: 'INFERENCE_FAILED', cause: error });
+}
+
+/** The in-band error event of a stream that already started. */
+export function streamErrorBody(error: unknown) {
+  const failure = toApiError(error);
+  const code =
+    failure.status === 503 ? 'model_overloaded' : failure.status === 504 ? 'timeout' : 'upstream_error';
+  const retry = Number(failure.headers['Retry-After']);
+  return {
+    error: {
+      message: failure.message,
+      type: failure.status >= 500 ? 'server_error' : 'api_error',
+      code,
+      param: null,
+      ...(Number.isFinite(retry) && retry > 0 ? { retry_after: retry } : {}),
+    },
+  };
+}
+
+function toolsOf(body: ChatCompletionRequest): ProviderTool[] | undefined {
+  const tools = (body.tools ?? []).filter((t) => (t as { function?: unknown }).function) as ProviderTool[];
+  return tools.length > 0 ? tools.map((t) => ({ ...t, type: 'function' })) : undefined;
+}
+
+export function createChatService(deps: ChatServiceDeps) {
+  const inFlight = new Map<string, number>();
+
+  function acquire(model: CatalogModel): () => void {
+    const current = inFlight.get(model.id) ?? 0;
+    if (current >= model.maxConcurrency)
+      throw new ApiError(503, MESSAGES.capacity, {
+        code: 'MODEL_AT_CAPACITY',
+        headers: { 'Retry-After': '1' },
+      });
+    inFlight.set(model.id, current + 1);
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      inFlight.set(model.id, (inFlight.get(model.id) ?? 1) - 1);
+    };
+  }
+
+  /** Backends in the order to try: a `prompt_cache_key` always starts at the same one. */
+  function backendOrder(model: CatalogModel, key: string | undefined): Backend[] {
+    const list = [...model.backends];
+    if (!key || list.length < 2) return list;
+    const start = createHash('sha256').update(key).digest().readUInt32BE(0) % list.length;
+    return [...list.slice(start), ...list.slice(0, start)];
+  }
+
+  async function reserve(
+    principal: Principal,
+    model: CatalogModel,
+    input: {
+      requestId: string;
+      promptTokens: number;
+      maxTokens: number;
+      n: number;
+      extras: Extras;
+      fixedBound: boolean;
+    },
+  ): Promise<{ reservation: Reservation; maxTokens: number }> {
+    let maxTokens = input.maxTokens;
+    for (let attempt = 0; ; attempt++) {
+      const amountNano = worstCaseNano(model, {
+        promptTokens: input.promptTokens,
+        completionTokens: maxTokens * input.n,
+        extras: input.extras,
+      });
+      try {
+        const reservation = await deps.charges.reserve(principal, {
+          amountNano,
+          requestId: input.requestId,
+          modelId: model.id,
+        });
+        return { reservation, maxTokens };
+      } catch (error) {
+        const cause = error instanceof ApiError ? error.cause : undefined;
+        const available = availableOf(cause);
+        if (available === undefined || attempt >= 3) throw error;
+        const affordable = affordableCompletionTokens(model, {
+          promptTokens: input.promptTokens,
+          extras: input.extras,
+          budgetNano: available,
+          choices: input.n,
+        });
+        const floor = Math.min(MIN_COMPLETION_TOKENS, input.maxTokens);
+        if (affordable < floor || affordable >= maxTokens) throw error;
+        maxTokens = affordable;
+      }
+    }
+  }
+
+  return {
+    async prepare(input: {
+      body: ChatCompletionRequest;
+      principal: Principal;
+      requestId: string;
+    }): Promise<PreparedChat> {
+      const { body, principal } = input;
+      const resolved = deps.catalog.resolveModel(body.model, 'text');
+      if (!resolved) throw notFound(`Model ${body.model.split(':')[0]} was not found`, 'MODEL_NOT_FOUND');
+      const model = resolved.model;
+      const options = resolveOptions(model, body.service_parameters, resolved.suffixOptions);
+      const persona = options.character_slug
+        ? deps.catalog.getCharacterPersona(options.character_slug)
+        : undefined;
+      if (options.character_slug && !persona)
+        throw notFound(MESSAGES.characterNotFound, 'CHARACTER_NOT_FOUND');
+      if ((model.pro || persona?.pro) && !(await deps.isPro(principal.accountId)))
+        throw new ApiError(401, MESSAGES.proOnly, { code: 'PRO_ONLY_MODEL' });
+
+      const caps = (model.spec.capabilities ?? {}) as Record<string, unknown>;
+      const wantsLogprobs = body.logprobs === true || (body.top_logprobs ?? 0) > 0;
+      if (wantsLogprobs && caps.supportsLogProbs !== true)
+        throw badRequest(`Model ${model.id} does not support logprobs`, 'UNSUPPORTED_FEATURE');
+      const tools = toolsOf(body);
+      if (tools && caps.supportsFunctionCalling !== true)
+        throw badRequest(
+          `Model ${model.id} does not support function calling (tools)`,
+          'UNSUPPORTED_FEATURE',
+        );
+      const format = (body.response_format as { type?: string } | undefined)?.type;
+      if (format && format !== 'text' && caps.supportsResponseSchema !== true)
+        throw badRequest(
+          `Model ${model.id} does not support response_format ${format}`,
+          'UNSUPPORTED_FEATURE',
+        );
+
+      const messages = await buildMessages({
+        model,
+        messages: body.messages,
+        includeServicePrompt: options.include_service_system_prompt,
+        ...(persona ? { personaPrompt: persona.systemPrompt } : {}),
+        ...(deps.convertFile ? { convertFile: deps.convertFile } : {}),
+      });
+
+      const modelMax = model.spec.maxCompletionTokens ?? deps.defaultMaxTokens ?? 4096;
+      const asked =
+        body.max_completion_tokens ??
+        (body.max_tokens !== undefined && body.max_tokens > 0 ? body.max_tokens : undefined);
+      const maxTokens = Math.min(asked ?? modelMax, modelMax);
+      const n = body.n ?? 1;
+      const thinkingOff = options.disable_thinking && model.canDisableThinking;
+      const effort =
+        body.reasoning_effort ??
+        body.reasoning?.effort ??
+        (caps.defaultReasoningEffort as string | undefined);
+      const reasoning = model.reasoning
+        ? {
+            enabled: !thinkingOff && effort !== 'none',
+            tags: model.thinkingTags,
+            ...(effort ? { effort } : {}),
+          }
+        : undefined;
+      const stop = body.stop == null ? undefined : typeof body.stop === 'string' ? [body.stop] : body.stop;
+      const constraints = (model.spec.constraints ?? {}) as Record<string, { default?: number } | undefined>;
+      const sampling = Object.fromEntries(
+        Object.entries({
+          temperature: body.temperature ?? constraints.temperature?.default,
+          top_p: body.top_p ?? constraints.top_p?.default,
+          top_k: body.top_k,
+          min_p: body.min_p,
+          min_temp: body.min_temp,
+          max_temp: body.max_temp,
+          frequency_penalty: body.frequency_penalty,
+          presence_penalty: body.presence_penalty,
+          repetition_penalty: body.repetition_penalty ?? constraints.repetition_penalty?.default,
+          seed: body.seed,
+          stop,
+          stop_token_ids: body.stop_token_ids,
+        }).filter(([, v]) => v !== undefined),
+      );
+      const promptTokens = countPromptTokens(messages, tools);
+      const extras: Extras = { searches: 0, scrapes: 0 };
+      const backends = backendOrder(model, body.prompt_cache_key);
+      if (backends.length === 0)
+        throw new ApiError(503, `Model ${model.id} has no backend configured`, { code: 'MODEL_OFFLINE' });
+      // Upstreams count with their own tokenizers: leave room for the difference.
+      const upstream = backends.some((b) => b.kind !== 'local');
+      const reservedPrompt = upstream ? Math.ceil(promptTokens * 1.25) + 64 : promptTokens;
+      const done = acquire(model);
+      try {
+        const reserved = await reserve(principal, model, {
+          requestId: input.requestId,
+          promptTokens: reservedPrompt,
+          maxTokens,
+          n,
+          extras,
+          fixedBound: asked !== undefined,
+        });
+        const passthrough = passthroughOf(body);
+        const request: Omit<ChatProviderRequest, 'signal'> = {
+          model: model.id,
+          messages,
+          maxTokens: reserved.maxTokens,
+          n,
+          sampling,
+          ...(tools ? { tools } : {}),
+          ...(body.tool_choice ? { toolChoice: body.tool_choice as ProviderToolChoice } : {}),
+          ...(body.parallel_tool_calls !== undefined ? { parallelToolCalls: body.parallel_tool_calls } : {}),
+          ...(wantsLogprobs ? { logprobs: { top: body.top_logprobs ?? 0 } } : {}),
+          ...(reasoning ? { reasoning } : {}),
+          ...(body.response_format ? { responseFormat: body.response_format } : {}),
+          ...(body.prompt_cache_key ? { promptCacheKey: body.prompt_cache_key } : {}),
+          ...(Object.keys(passthrough).length > 0 ? { passthrough } : {}),
+        };
+        return {
+          requestId: input.requestId,
+          created: Math.floor(Date.now() / 1000),
+          principal,
+          model,
+          options,
+          request,
+          promptTokens,
+          maxTokens: reserved.maxTokens,
+          extras,
+          reservation: reserved.reservation,
+          backends,
+          done,
+        };
+      } catch (error) {
+        done();
+        throw error;
+      }
+    },
+
+    /** The provider events, with failover to the next backend while nothing was produced. */
+    async *run(prepared: PreparedChat, signal: AbortSignal): AsyncGenerator<ChatEvent> {
+      let lastError: unknown;
+      for (const backend of prepared.backends) {
+        const provider = deps.providerFor(backend);
+        let produced = false;
+        try {
+          for await (const event of provider.stream({
+            ...prepared.request,
+            model: backend.kind === 'local' ? prepared.model.id : backend.upstreamModel,
+            signal,
+          })) {
+            if (!produced) prepared.router = provider.name;
+            produced = true;
+            yield event;
+          }
+          return;
+        } catch (error) {
+          lastError = error;
+          const retryable =
+            error instanceof ChatProviderError && (error.kind === 'capacity' || error.kind === 'failed');
+          if (produced || !retryable || signal.aborted) throw error;
+        }
+      }
+      throw lastError;
+    },
+
+    /** Captures what the request used (or, when it was cut short, what it had produced). */
+    async settle(
+      prepared: PreparedChat,
+      usage: ProviderUsage | undefined,
+      producedText: string,
+    ): Promise<Settlement> {
+      const final: ProviderUsage = usage ?? {
+        promptTokens: prepared.promptTokens,
+        completionTokens: countTokens(producedText),
+        reasoningTokens: 0,
+        cachedTokens: 0,
+        cacheCreationTokens: 0,
+      };
+      const capture = await deps.charges.capture(
+        prepared.reservation,
+        chargeItems(prepared.model, final, prepared.extras),
+      );
+      await deps
+        .consumeTokens?.(prepared.principal, prepared.model.id, final.promptTokens + final.completionTokens)
+        .catch(() => {});
+      return {
+        usage: final,
+        cost: { usd: nanoToUsdNumber(capture.usdNano), diem: nanoToUsdNumber(capture.diemNano) },
+      };
+    },
+
+    /** Gives the reservation back (nothing chargeable happened). */
+    async release(prepared: PreparedChat): Promise<void> {
+      await deps.charges.release(prepared.reservation);
+    },
+  };
+}
+
+const KNOWN_FIELDS = new Set([
+  'model',
+  'messages',
+  'frequency_penalty',
+  'presence_penalty',
+  'repetition_penalty',
+  'logprobs',
+  'top_logprobs',
+  'max_completion_tokens',
+  'max_tokens',
+  'temperature',
+  'top_p',
+  'top_k',
+  'min_p',
+  'min_temp',
+  'max_temp',
+  'seed',
+  'n',
+  'stop',
+  'stop_token_ids',
+  'stream',
+  'stream_options',
+  'response_format',
+  'tools',
+  'tool_choice',
+  'parallel_tool_calls',
+  'reasoning',
+  'reasoning_effort',
+  'prompt_cache_key',
+  'prompt_cache_retention',
+  'user',
+  'anon_user_id',
+  'service_parameters',
+]);
+
+/** Request fields the interface does not list: passed to upstreams as they came. */
+function passthroughOf(body: ChatCompletionRequest): Record<string, unknown> {
+  return Object.fromEntries(Object.entries(body).filter(([key]) => !KNOWN_FIELDS.has(key)));
+}
+
+function availableOf(cause: unknown): bigint | undefined {
+  const c = cause as
+    | { usdAvailableNano?: unknown; diemAvailableNano?: unknown; limitNano?: unknown; spentNano?: unknown }
+    | undefined;
+  if (typeof c?.usdAvailableNano === 'bigint' && typeof c.diemAvailableNano === 'bigint')
+    return c.usdAvailableNano + c.diemAvailableNano;
+  if (typeof c?.limitNano === 'bigint' && typeof c.spentNano === 'bigint') return c.limitNano - c.spentNano;
+  return undefined;
+}
+
+export type ChatService = ReturnType<typeof createChatService>;

@@ -1,0 +1,486 @@
+/**
+ * The embedded local chat engine: the default backend, needing nothing outside the process. It is not a
+ * language model and says so (every answer starts with `[local engine]`), but it behaves like one where the
+ * interface can observe it: a seeded sampler (same seed and parameters, same answer; temperature, top_p,
+ * top_k, min_p, dynamic temperature and the penalties change the draw), real token counts from a BPE
+ * tokenizer, token-by-token streaming, reasoning (in `<think>` tags or separately), function calls shaped by
+ * the tools' JSON schemas, log probabilities, stop sequences, the `length` bound and `n` choices. Prompt
+ * caching is real too: prefixes marked with `cache_control` are remembered, and a later request with the same
+ * prefix reads them from the cache.
+ */
+import { createHash } from 'node:crypto';
+import { countMessageTokens, countPromptTokens, decodeTokens, encodeText } from './tokenizer.ts';
+import type {
+  ChatEvent,
+  ChatProvider,
+  ChatProviderRequest,
+  FinishReason,
+  ProviderMessage,
+  ProviderTool,
+  TokenLogprob,
+  TopLogprob,
+} from './types.ts';
+
+export type LocalChatEngineOptions = {
+  /** Pause between streamed tokens, for a realistic pace (0: as fast as the event loop allows). */
+  tokenDelayMs?: number;
+  /** How many cached prompt prefixes the engine remembers. */
+  cacheEntries?: number;
+};
+
+export const LOCAL_PREFIX = '[local engine]';
+
+const LEXICON = (
+  'the answer depends on context and a careful reading of your question suggests several points worth ' +
+  'considering first data shows clear patterns while other sources disagree about details we can compare ' +
+  'options weigh costs and benefits then choose carefully because every choice has tradeoffs simple ' +
+  'approaches often work well yet complex problems need more structure good practice means testing ideas ' +
+  'early measuring results and adjusting plans people usually prefer clear explanations short examples help ' +
+  'memory and understanding improves with practice over time history offers lessons science offers methods ' +
+  'engineering offers tools design offers clarity language offers nuance numbers offer precision'
+).split(' ');
+
+const REASONING_LEXICON = (
+  'first consider what is asked then recall relevant facts check assumptions compare alternatives estimate ' +
+  'the result verify each step look for mistakes and finally decide how to phrase a concise answer'
+).split(' ');
+
+const EFFORT_WORDS: Record<string, number> = {
+  none: 0,
+  minimal: 8,
+  low: 16,
+  medium: 40,
+  high: 80,
+  xhigh: 120,
+  max: 160,
+};
+
+/** A small seeded PRNG (mulberry32): the same seed gives the same sequence on every platform. */
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function hash32(text: string): number {
+  return createHash('sha256').update(text).digest().readUInt32BE(0);
+}
+
+type Draw = { word: string; logprob: number; alternatives: { word: string; logprob: number }[] };
+
+type Sampler = { next(previous: string): Draw };
+
+/**
+ * Words are drawn from a candidate list that depends on the previous word; candidate k has logit -0.35 k,
+ * prompt words get a boost, and the penalties lower words already used. Temperature 0 (or a dynamic range
+ * capped at 0) picks the most likely word, so the seed no longer matters.
+ */
+function createSampler(
+  request: ChatProviderRequest,
+  random: () => number,
+  promptWords: string[],
+  lexicon: string[],
+): Sampler {
+  const s = request.sampling;
+  const counts = new Map<string, number>();
+  const pool = [...new Set([...lexicon, ...promptWords])];
+  return {
+    next(previous) {
+      const start = hash32(previous) % pool.length;
+      const candidates: { word: string; logit: number }[] = [];
+      for (let k = 0; k < 16; k++) {
+        const word = pool[(start + k * 7) % pool.length] as string;
+        if (candidates.some((c) => c.word === word)) continue;
+        let logit = -0.35 * k + (promptWords.includes(word) ? 0.6 : 0);
+        const used = counts.get(word) ?? 0;
+        logit -= (s.frequency_penalty ?? 0) * used + (s.presence_penalty ?? 0) * (used > 0 ? 1 : 0);
+        if (used > 0 && s.repetition_penalty && s.repetition_penalty > 0)
+          logit -= Math.log(s.repetition_penalty);
+        candidates.push({ word, logit });
+      }
+      candidates.sort((a, b) => b.logit - a.logit);
+      let temperature = s.temperature ?? 0.8;
+      if (s.max_temp !== undefined || s.min_temp !== undefined) {
+        // Dynamic temperature: the flatter the candidates, the hotter the draw, within [min_temp, max_temp].
+        const lo = s.min_temp ?? 0;
+        const hi = Math.max(lo, s.max_temp ?? 2);
+        const spread = (candidates[0]?.logit ?? 0) - (candidates[candidates.length - 1]?.logit ?? 0);
+        temperature = lo + (hi - lo) * Math.max(0, Math.min(1, 1 - spread / 8));
+      }
+      const probs = softmax(candidates.map((c) => c.logit / Math.max(temperature, 1e-6)));
+      let allowed = candidates.map((c, i) => ({ ...c, p: probs[i] ?? 0 }));
+      if (s.top_k && s.top_k > 0) allowed = allowed.slice(0, s.top_k);
+      const minP = s.min_p ?? 0;
+      if (minP > 0) {
+        const top = allowed[0]?.p ?? 0;
+        allowed = allowed.filter((c) => c.p >= minP * top);
+      }
+      if (s.top_p !== undefined && s.top_p < 1) {
+        let mass = 0;
+        allowed = allowed.filter((c) => {
+          const keep = mass < (s.top_p as number) || mass === 0;
+          mass += c.p;
+          return keep;
+        });
+      }
+      let chosen = allowed[0] ?? { word: 'the', p: 1 };
+      if (temperature > 0) {
+        const total = allowed.reduce((sum, c) => sum + c.p, 0);
+        let r = random() * total;
+        for (const c of allowed) {
+          r -= c.p;
+          if (r <= 0) {
+            chosen = c;
+            break;
+          }
+        }
+      }
+      counts.set(chosen.word, (counts.get(chosen.word) ?? 0) + 1);
+      const logOf = (p: number) => Math.max(-100, Math.log(Math.max(p, 1e-44)));
+      return {
+        word: chosen.word,
+        logprob: logOf(chosen.p),
+        alternatives: candidates.map((c, i) => ({ word: c.word, logprob: logOf(probs[i] ?? 0) })),
+      };
+    },
+  };
+}
+
+function softmax(logits: number[]): number[] {
+  const max = Math.max(...logits);
+  const exps = logits.map((l) => Math.exp(l - max));
+  const sum = exps.reduce((a, b) => a + b, 0);
+  return exps.map((e) => e / sum);
+}
+
+/** A piece of generated text with the log probability of its first token. */
+type Piece = { text: string; logprob: number; alternatives: { word: string; logprob: number }[] };
+
+function sentences(sampler: Sampler, random: () => number, words: number): Piece[] {
+  const pieces: Piece[] = [];
+  let previous = '';
+  let inSentence = 0;
+  let sentenceLength = 8 + Math.floor(random() * 7);
+  for (let i = 0; i < words; i++) {
+    const draw = sampler.next(previous);
+    previous = draw.word;
+    const first = inSentence === 0;
+    const word = first ? draw.word.charAt(0).toUpperCase() + draw.word.slice(1) : draw.word;
+    const last = inSentence + 1 >= sentenceLength || i === words - 1;
+    pieces.push({
+      text: `${i === 0 ? '' : ' '}${word}${last ? '.' : ''}`,
+      logprob: draw.logprob,
+      alternatives: draw.alternatives,
+    });
+    inSentence = last ? 0 : inSentence + 1;
+    if (last) sentenceLength = 8 + Math.floor(random() * 7);
+  }
+  return pieces;
+}
+
+function promptWordsOf(messages: readonly ProviderMessage[]): string[] {
+  const words = new Set<string>();
+  for (const message of messages) {
+    if (
+      message.role !== 'user' &&
+      message.role !== 'system' &&
+      message.role !== 'developer' &&
+      message.role !== 'tool'
+    )
+      continue;
+    const text =
+      typeof message.content === 'string'
+        ? message.content
+        : (message.content ?? []).map((p) => (p.type === 'text' ? p.text : '')).join(' ');
+    for (const w of text.toLowerCase().match(/[a-z]{4,}/g) ?? []) words.add(w);
+  }
+  return [...words].slice(0, 64);
+}
+
+function lastUserText(messages: readonly ProviderMessage[]): string {
+  for (let i = messages.length - 1; i >= 0; i--) {
+    const m = messages[i] as ProviderMessage;
+    if (m.role === 'user')
+      return typeof m.content === 'string'
+        ? m.content
+        : (m.content ?? []).map((p) => (p.type === 'text' ? p.text : '')).join(' ');
+  }
+  return '';
+}
+
+/** A value that fits a JSON schema, drawn from the prompt where a string is wanted. */
+function valueFor(
+  schema: Record<string, unknown> | undefined,
+  random: () => number,
+  words: string[],
+  depth = 0,
+): unknown {
+  const type = Array.isArray(schema?.type) ? schema.type[0] : schema?.type;
+  if (Array.isArray(schema?.enum) && schema.enum.length > 0) return schema.enum[0];
+  if (schema?.const !== undefined) return schema.const;
+  switch (type) {
+    case 'integer':
+      return 1 + Math.floor(random() * 100);
+    case 'number':
+      return Math.round(random() * 10000) / 100;
+    case 'boolean':
+      return true;
+    case 'array':
+      return depth > 4 ? [] : [valueFor(schema?.items as Record<string, unknown>, random, words, depth + 1)];
+    case 'object': {
+      if (depth > 4) return {};
+      const properties = (schema?.properties ?? {}) as Record<string, Record<string, unknown>>;
+      const required = new Set(
+        Array.isArray(schema?.required) ? (schema.required as string[]) : Object.keys(properties),
+      );
+      const out: Record<string, unknown> = {};
+      for (const [key, sub] of Object.entries(properties))
+        if (required.has(key)) out[key] = valueFor(sub, random, words, depth + 1);
+      return out;
+    }
+    default:
+      return words.length > 0 ? words[Math.floor(random() * words.length)] : 'example';
+  }
+}
+
+function pickTool(request: ChatProviderRequest): ProviderTool | undefined {
+  const tools = request.tools ?? [];
+  if (tools.length === 0 || request.toolChoice === 'none') return undefined;
+  const choice = request.toolChoice ?? 'auto';
+  if (typeof choice === 'object')
+    return tools.find((t) => t.function.name === choice.function.name) ?? tools[0];
+  const last = request.messages[request.messages.length - 1];
+  // `auto`: call a function for a new user turn; after a tool result, answer in text.
+  if (choice === 'auto' && last?.role !== 'user') return undefined;
+  const text = lastUserText(request.messages).toLowerCase();
+  return tools.find((t) => text.includes(t.function.name.toLowerCase())) ?? tools[0];
+}
+
+/** Prompt caching: prefixes ending at a `cache_control` part, remembered per model. */
+function createPromptCache(capacity: number) {
+  const entries = new Map<string, true>();
+  return {
+    /** Returns [cached tokens, tokens written] for this request, and remembers its prefixes. */
+    account(model: string, messages: readonly ProviderMessage[]): [number, number] {
+      const breakpoints: { key: string; tokens: number }[] = [];
+      const digest = createHash('sha256').update(model);
+      let tokens = 3;
+      for (const message of messages) {
+        digest.update(
+          JSON.stringify([message.role, message.content, message.name ?? null, message.tool_calls ?? null]),
+        );
+        tokens += countMessageTokens(message);
+        const marked =
+          Array.isArray(message.content) && message.content.some((p) => p.cache_control !== undefined);
+        if (marked) breakpoints.push({ key: digest.copy().digest('hex'), tokens });
+      }
+      let cached = 0;
+      for (const b of breakpoints) if (entries.has(b.key)) cached = Math.max(cached, b.tokens);
+      const longest = breakpoints.reduce((max, b) => Math.max(max, b.tokens), 0);
+      for (const b of breakpoints) {
+        entries.delete(b.key);
+        entries.set(b.key, true);
+      }
+      while (entries.size > capacity) entries.delete(entries.keys().next().value as string);
+      return [cached, Math.max(0, longest - cached)];
+    },
+  };
+}
+
+type PlannedToken = { channel: 'content' | 'reasoning'; token: number; logprob: number; top: TopLogprob[] };
+
+function bytesOf(text: string): number[] {
+  return [...Buffer.from(text, 'utf8')];
+}
+
+function planPieces(pieces: Piece[], channel: 'content' | 'reasoning', top: number): PlannedToken[] {
+  const out: PlannedToken[] = [];
+  for (const piece of pieces) {
+    const tokens = encodeText(piece.text);
+    tokens.forEach((token, i) => {
+      const logprob = i === 0 ? piece.logprob : -0.0001;
+      const alternatives =
+        i === 0
+          ? piece.alternatives.map((a) => ({
+              token: decodeTokens([
+                encodeText(piece.text.startsWith(' ') ? ` ${a.word}` : a.word)[0] as number,
+              ]),
+              logprob: a.logprob,
+            }))
+          : [{ token: decodeTokens([token]), logprob }];
+      const seen = new Set<string>();
+      const list = alternatives.filter((a) => !seen.has(a.token) && seen.add(a.token)).slice(0, top);
+      out.push({ channel, token, logprob, top: list.map((a) => ({ ...a, bytes: bytesOf(a.token) })) });
+    });
+  }
+  return out;
+}
+
+function fixedPiece(text: string): Piece {
+  return { text, logprob: -0.0001, alternatives: [] };
+}
+
+export function createLocalChatEngine(options: LocalChatEngineOptions = {}): ChatProvider {
+  const cache = createPromptCache(options.cacheEntries ?? 1000);
+  const delay = options.tokenDelayMs ?? 0;
+  const pause = () =>
+    new Promise<void>((resolve) => (delay > 0 ? setTimeout(resolve, delay) : setImmediate(resolve)));
+
+  return {
+    name: 'local',
+    async *stream(request: ChatProviderRequest): AsyncGenerator<ChatEvent> {
+      const signal = request.signal;
+      const promptTokens = countPromptTokens(request.messages, request.tools);
+      const [cachedTokens, cacheCreationTokens] = cache.account(request.model, request.messages);
+      const baseSeed = request.sampling.seed ?? Math.floor(Math.random() * 2 ** 31);
+      const promptWords = promptWordsOf(request.messages);
+      const requested = /\b(\d{1,5})\s+words?\b/i.exec(lastUserText(request.messages));
+      const topN = request.logprobs?.top ?? 0;
+      let completionTokens = 0;
+      let reasoningTokens = 0;
+
+      for (let index = 0; index < request.n; index++) {
+        const random = rng(baseSeed * 31 + index);
+        // Length and sentence breaks follow the prompt, so a greedy draw gives one answer whatever the seed.
+        const shape = rng(hash32(`${lastUserText(request.messages)}\u0000${index}`));
+        const sampler = createSampler(request, random, promptWords, LEXICON);
+        const budget = request.maxTokens;
+        const plan: PlannedToken[] = [];
+        const reasoning = request.reasoning;
+        if (reasoning?.enabled) {
+          const words = EFFORT_WORDS[reasoning.effort ?? 'medium'] ?? 40;
+          const thought = sentences(
+            createSampler(request, random, promptWords, REASONING_LEXICON),
+            shape,
+            words,
+          );
+          if (reasoning.tags) {
+            plan.push(
+              ...planPieces(
+                [fixedPiece('<think>\n'), ...thought, fixedPiece('\n</think>\n\n')],
+                'content',
+                topN,
+              ).map((t) => ({ ...t, channel: 'reasoning' as const })),
+            );
+          } else {
+            plan.push(...planPieces(thought, 'reasoning', topN));
+          }
+        }
+        const tool = pickTool(request);
+        let finish: FinishReason = 'stop';
+        let emitted = 0;
+        let content = '';
+        yield { type: 'delta', index, content: '' };
+        // Reasoning first, within the bound.
+        for (const planned of plan) {
+          if (emitted >= budget) break;
+          signal?.throwIfAborted();
+          const text = decodeTokens([planned.token]);
+          emitted++;
+          reasoningTokens++;
+          const lp =
+            topN || request.logprobs
+              ? [{ token: text, logprob: planned.logprob, bytes: bytesOf(text), top_logprobs: planned.top }]
+              : undefined;
+          // Tagged reasoning travels in `content` (the older format); the domain may strip it.
+          yield reasoning?.tags
+            ? { type: 'delta', index, content: text, ...(lp ? { logprobs: lp } : {}) }
+            : { type: 'delta', index, reasoning: text, ...(lp ? { logprobs: lp } : {}) };
+          await pause();
+        }
+        if (plan.length > 0 && emitted >= budget) finish = 'length';
+        if (finish !== 'length' && tool) {
+          const args = JSON.stringify(
+            valueFor(tool.function.parameters ?? { type: 'object' }, random, promptWords),
+          );
+          const id = `call_${Math.floor(random() * 2 ** 32)
+            .toString(16)
+            .padStart(8, '0')}${Math.floor(random() * 2 ** 32)
+            .toString(16)
+            .padStart(8, '0')}`;
+          yield {
+            type: 'delta',
+            index,
+            toolCalls: [
+              { index: 0, id, type: 'function', function: { name: tool.function.name, arguments: '' } },
+            ],
+          };
+          emitted += encodeText(tool.function.name).length;
+          for (const token of encodeText(args)) {
+            signal?.throwIfAborted();
+            if (emitted >= budget) {
+              finish = 'length';
+              break;
+            }
+            emitted++;
+            yield {
+              type: 'delta',
+              index,
+              toolCalls: [{ index: 0, function: { arguments: decodeTokens([token]) } }],
+            };
+            await pause();
+          }
+          if (finish !== 'length') finish = 'tool_calls';
+        } else if (finish !== 'length') {
+          const toolResult = request.messages[request.messages.length - 1]?.role === 'tool';
+          const words = requested ? Math.min(20_000, Number(requested[1])) : 24 + Math.floor(shape() * 40);
+          const intro = toolResult ? `${LOCAL_PREFIX} Based on the tool result:` : LOCAL_PREFIX;
+          const body = sentences(sampler, shape, words);
+          const first = body[0];
+          if (first) first.text = ` ${first.text}`;
+          const pieces = [fixedPiece(intro), ...body];
+          const full = pieces.map((p) => p.text).join('');
+          // Stop sequences cut the answer where they first occur; nothing at or after the cut is sent.
+          const cut = Math.min(
+            full.length,
+            ...(request.sampling.stop ?? []).map((s) => full.indexOf(s)).filter((i) => i >= 0),
+          );
+          for (const planned of planPieces(pieces, 'content', topN)) {
+            signal?.throwIfAborted();
+            if (emitted >= budget) {
+              finish = 'length';
+              break;
+            }
+            let text = decodeTokens([planned.token]);
+            const room = cut - content.length;
+            if (room <= 0) break;
+            const partial = text.length > room;
+            if (partial) text = text.slice(0, room);
+            content += text;
+            emitted += partial ? encodeText(text).length : 1;
+            yield {
+              type: 'delta',
+              index,
+              content: text,
+              ...(request.logprobs
+                ? {
+                    logprobs: [
+                      {
+                        token: text,
+                        logprob: planned.logprob,
+                        bytes: bytesOf(text),
+                        top_logprobs: planned.top,
+                      },
+                    ] as TokenLogprob[],
+                  }
+                : {}),
+            };
+            if (partial) break;
+            await pause();
+          }
+        }
+        completionTokens += emitted;
+        yield { type: 'finish', index, reason: finish };
+      }
+      yield {
+        type: 'usage',
+        usage: { promptTokens, completionTokens, reasoningTokens, cachedTokens, cacheCreationTokens },
+      };
+    },
+  };
+}

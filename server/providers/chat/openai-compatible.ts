@@ -1,0 +1,305 @@
+/**
+ * The OpenAI-compatible upstream adapter: sends the request to `<baseUrl>/chat/completions` (always streamed,
+ * with `stream_options.include_usage`, so usage arrives and nothing waits for a whole answer), passes the
+ * pieces through as they come, and takes usage from the upstream. The upstream is distrusted: a time limit
+ * on the answer's start and on every pause, a cap on the bytes read, a check of each chunk's shape, and a
+ * stream that ends without `[DONE]` is a failure, never a clean end. HTTP failures map to the provider error
+ * kinds (429/503 capacity, 408/504 timeout, 400/404/422 the upstream's refusal, the rest failed).
+ */
+import { readSseEvents } from '../../../client/sse.ts';
+import { countPromptTokens, countTokens } from './tokenizer.ts';
+import {
+  type ChatEvent,
+  type ChatProvider,
+  ChatProviderError,
+  type ChatProviderRequest,
+  type FinishReason,
+  type TokenLogprob,
+  type ToolCallDelta,
+} from './types.ts';
+
+export type OpenAiCompatibleOptions = {
+  name: string;
+  baseUrl: string;
+  apiKey?: string;
+  upstreamModel: string;
+  /** Longest wait for the answer to start, and for each next piece. */
+  timeoutMs: number;
+  /** Most bytes read from one answer. */
+  maxBytes?: number;
+  fetch?: typeof fetch;
+  /** Latency and outcome of each call (metrics). */
+  observe?(outcome: string, seconds: number): void;
+};
+
+const FINISH = new Set(['stop', 'length', 'tool_calls', 'content_filter']);
+
+type UpstreamChunk = {
+  choices?: {
+    index?: number;
+    delta?: { content?: string | null; reasoning_content?: string | null; tool_calls?: ToolCallDelta[] };
+    finish_reason?: string | null;
+    logprobs?: { content?: TokenLogprob[] | null } | null;
+  }[];
+  usage?: {
+    prompt_tokens?: number;
+    completion_tokens?: number;
+    completion_tokens_details?: { reasoning_tokens?: number } | null;
+    prompt_tokens_details?: { cached_tokens?: number; cache_creation_input_tokens?: number } | null;
+  } | null;
+  error?: { message?: string; code?: string | null; type?: string };
+};
+
+/** Strips credentials and query strings from a URL before it reaches a message. */
+function redact(url: string): string {
+  try {
+    const u = new URL(url);
+    return `${u.protocol}//${u.host}${u.pathname}`;
+  } catch {
+    return '[invalid url]';
+  }
+}
+
+export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions): ChatProvider {
+  const doFetch = options.fetch ?? fetch;
+  const maxBytes = options.maxBytes ?? 16 * 1024 * 1024;
+  const endpoint = `${options.baseUrl.replace(/\/+$/, '')}/chat/completions`;
+
+  return {
+    name: options.name,
+    async *stream(request: ChatProviderRequest): AsyncGenerator<ChatEvent> {
+      const started = performance.now();
+      let outcome = 'ok';
+      const timer = new AbortController();
+      let timeout: NodeJS.Timeout | undefined;
+      const arm = () => {
+        clearTimeout(timeout);
+        timeout = setTimeout(() => timer.abort(), options.timeoutMs);
+      };
+      const signal = request.signal ? AbortSignal.any([request.signal, timer.signal]) : timer.signal;
+      const fail = (
+        kind: ChatProviderError['kind'],
+        message: string,
+        extra: { cause?: unknown; retryAfter?: number } = {},
+      ) => {
+        outcome = kind;
+        return new ChatProviderError(kind, message, extra);
+      };
+      const translate = (error: unknown): unknown => {
+        if (error instanceof ChatProviderError) return error;
+        if (request.signal?.aborted) {
+          outcome = 'client_abort';
+          return error;
+        }
+        if (timer.signal.aborted)
+          return fail('timeout', `Upstream ${options.name} did not answer within ${options.timeoutMs} ms`, {
+            cause: error,
+          });
+        return fail(
+          'failed',
+          `Upstream ${options.name} (${redact(endpoint)}) failed: ${(error as Error)?.message ?? error}`,
+          { cause: error },
+        );
+      };
+      const body: Record<string, unknown> = {
+        ...request.passthrough,
+        model: options.upstreamModel,
+        messages: request.messages.map(({ extra, ...m }) => ({ ...extra, ...m })),
+        max_completion_tokens: request.maxTokens,
+        n: request.n,
+        ...request.sampling,
+        stream: true,
+        stream_options: { include_usage: true },
+      };
+      if (request.tools?.length) body.tools = request.tools;
+      if (request.toolChoice) body.tool_choice = request.toolChoice;
+      if (request.parallelToolCalls !== undefined && request.tools?.length)
+        body.parallel_tool_calls = request.parallelToolCalls;
+      if (request.logprobs) {
+        body.logprobs = true;
+        if (request.logprobs.top > 0) body.top_logprobs = request.logprobs.top;
+      }
+      if (request.reasoning?.enabled && request.reasoning.effort)
+        body.reasoning_effort = request.reasoning.effort;
+      if (request.responseFormat) body.response_format = request.responseFormat;
+      if (request.promptCacheKey) body.prompt_cache_key = request.promptCacheKey;
+
+      let text = '';
+      let usage: ChatEvent | undefined;
+      const finished = new Set<number>();
+      try {
+        arm();
+        let response: Response;
+        try {
+          response = await doFetch(endpoint, {
+            method: 'POST',
+            headers: {
+              'content-type': 'application/json',
+              accept: 'text/event-stream',
+              ...(options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {}),
+            },
+            body: JSON.stringify(body),
+            signal,
+          });
+        } catch (error) {
+          throw translate(error);
+        }
+        if (response.status !== 200) {
+          const detail = await readCapped(response, 64 * 1024).catch(() => '');
+          const message = upstreamMessage(detail) ?? `status ${response.status}`;
+          const retry = Number(response.headers.get('retry-after'));
+          const retryAfter = Number.isFinite(retry) && retry > 0 ? retry : undefined;
+          if (response.status === 429 || response.status === 503 || response.status === 529)
+            throw fail('capacity', `Upstream ${options.name} is at capacity: ${message}`, { retryAfter });
+          if (response.status === 408 || response.status === 504)
+            throw fail('timeout', `Upstream ${options.name} timed out: ${message}`);
+          if (response.status === 400 || response.status === 404 || response.status === 422)
+            throw fail('bad_request', message);
+          throw fail('failed', `Upstream ${options.name} answered ${response.status}: ${message}`);
+        }
+        if (!(response.headers.get('content-type') ?? '').includes('text/event-stream') || !response.body)
+          throw fail('failed', `Upstream ${options.name} did not answer with an event stream`);
+        let bytes = 0;
+        const counted = response.body.pipeThrough(
+          new TransformStream<Uint8Array, Uint8Array>({
+            transform(chunk, controller) {
+              bytes += chunk.byteLength;
+              if (bytes > maxBytes)
+                controller.error(fail('failed', `Upstream ${options.name} answer exceeds ${maxBytes} bytes`));
+              else controller.enqueue(chunk);
+            },
+          }),
+        );
+        let done = false;
+        const events = readSseEvents(counted)[Symbol.asyncIterator]();
+        for (;;) {
+          arm();
+          let next: IteratorResult<{ data: string }>;
+          try {
+            next = await events.next();
+          } catch (error) {
+            throw translate(error);
+          }
+          if (next.done) break;
+          const data = next.value.data;
+          if (data === '[DONE]') {
+            done = true;
+            break;
+          }
+          let chunk: UpstreamChunk;
+          try {
+            chunk = JSON.parse(data) as UpstreamChunk;
+          } catch (error) {
+            throw fail('failed', `Upstream ${options.name} sent an event that is not JSON`, { cause: error });
+          }
+          if (chunk.error) {
+            const code = chunk.error.code ?? '';
+            throw fail(
+              /overload|capacity|rate/.test(code) ? 'capacity' : 'failed',
+              `Upstream ${options.name}: ${chunk.error.message ?? 'error in stream'}`,
+            );
+          }
+          if (chunk.usage) {
+            const u = chunk.usage;
+            usage = {
+              type: 'usage',
+              usage: {
+                promptTokens: u.prompt_tokens ?? 0,
+                completionTokens: u.completion_tokens ?? 0,
+                reasoningTokens: u.completion_tokens_details?.reasoning_tokens ?? 0,
+                cachedTokens: u.prompt_tokens_details?.cached_tokens ?? 0,
+                cacheCreationTokens: u.prompt_tokens_details?.cache_creation_input_tokens ?? 0,
+              },
+            };
+          }
+          if (chunk.choices !== undefined && !Array.isArray(chunk.choices))
+            throw fail('failed', `Upstream ${options.name} sent a malformed chunk`);
+          for (const choice of chunk.choices ?? []) {
+            const index = Number.isInteger(choice.index) ? (choice.index as number) : 0;
+            const delta = choice.delta ?? {};
+            const event: ChatEvent = { type: 'delta', index };
+            if (typeof delta.content === 'string') event.content = delta.content;
+            if (typeof delta.reasoning_content === 'string') event.reasoning = delta.reasoning_content;
+            if (Array.isArray(delta.tool_calls) && delta.tool_calls.length > 0)
+              event.toolCalls = delta.tool_calls;
+            if (Array.isArray(choice.logprobs?.content)) event.logprobs = choice.logprobs.content;
+            text +=
+              (event.content ?? '') +
+              (event.reasoning ?? '') +
+              (event.toolCalls ?? [])
+                .map((t) => `${t.function?.name ?? ''}${t.function?.arguments ?? ''}`)
+                .join('');
+            if (
+              event.content !== undefined ||
+              event.reasoning !== undefined ||
+              event.toolCalls ||
+              event.logprobs
+            )
+              yield event;
+            if (choice.finish_reason) {
+              const reason = (
+                FINISH.has(choice.finish_reason) ? choice.finish_reason : 'stop'
+              ) as FinishReason;
+              finished.add(index);
+              yield { type: 'finish', index, reason };
+            }
+          }
+        }
+        if (!done)
+          throw fail(
+            'failed',
+            `Upstream ${options.name} stream ended without its terminator (truncated answer)`,
+          );
+        for (let index = 0; index < request.n; index++)
+          if (!finished.has(index)) yield { type: 'finish', index, reason: 'stop' };
+        // An upstream that reports no usage is counted with our tokenizer rather than billed as zero.
+        yield usage ?? {
+          type: 'usage',
+          usage: {
+            promptTokens: countPromptTokens(request.messages, request.tools),
+            completionTokens: countTokens(text),
+            reasoningTokens: 0,
+            cachedTokens: 0,
+            cacheCreationTokens: 0,
+          },
+        };
+      } catch (error) {
+        if (outcome === 'ok') outcome = request.signal?.aborted ? 'client_abort' : 'failed';
+        throw error;
+      } finally {
+        clearTimeout(timeout);
+        options.observe?.(outcome, (performance.now() - started) / 1000);
+      }
+    },
+  };
+}
+
+async function readCapped(response: Response, limit: number): Promise<string> {
+  if (!response.body) return '';
+  const reader = response.body.getReader();
+  const parts: Uint8Array[] = [];
+  let size = 0;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    parts.push(value);
+    size += value.byteLength;
+    if (size >= limit) {
+      await reader.cancel();
+      break;
+    }
+  }
+  return Buffer.concat(parts).toString('utf8').slice(0, limit);
+}
+
+function upstreamMessage(text: string): string | undefined {
+  try {
+    const body = JSON.parse(text) as { error?: string | { message?: string }; message?: string };
+    if (typeof body.error === 'string') return body.error;
+    if (body.error && typeof body.error.message === 'string') return body.error.message;
+    if (typeof body.message === 'string') return body.message;
+  } catch {
+    // not JSON
+  }
+  return text.trim().slice(0, 300) || undefined;
+}

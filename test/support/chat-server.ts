@@ -1,0 +1,62 @@
+/**
+ * A real server (services + app on loopback, SQLite or PostgreSQL) for chat tests, with helpers to open
+ * funded accounts and to read their ledgers.
+ */
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pino } from 'pino';
+import { createApp } from '../../server/app.ts';
+import { loadConfig } from '../../server/config.ts';
+import { parseUsdToNano } from '../../server/money.ts';
+import { createServices, type Services } from '../../server/services.ts';
+
+export type ChatServer = {
+  base: string;
+  origin: string;
+  services: Services;
+  /** A new account with `usd` of credit and an INFERENCE key. */
+  account(usd: string, options?: { pro?: boolean }): Promise<{ accountId: string; key: string }>;
+  close(): Promise<void>;
+};
+
+export async function startChatServer(
+  options: { env?: Record<string, string>; databaseUrl?: string; catalogYaml?: string } = {},
+): Promise<ChatServer> {
+  const scratch = mkdtempSync(join(tmpdir(), 'chat-server-'));
+  const env: Record<string, string> = {
+    NODE_ENV: 'test',
+    LOG_LEVEL: 'silent',
+    DATABASE_URL: options.databaseUrl ?? `sqlite:${join(scratch, 'db.sqlite')}`,
+    ...options.env,
+  };
+  if (options.catalogYaml) {
+    const path = join(scratch, 'catalog.yaml');
+    writeFileSync(path, options.catalogYaml);
+    env.SERVICE_CONFIG = path;
+  }
+  const services = await createServices(loadConfig(env), pino({ level: 'silent' }));
+  const server: Server = createApp(services.app).listen(0, '127.0.0.1');
+  await new Promise<void>((resolve) => server.once('listening', () => resolve()));
+  const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  return {
+    base: `${origin}/api/v1`,
+    origin,
+    services,
+    async account(usd, accountOptions = {}) {
+      const account = await services.accounts.createApiAccount({ pro: accountOptions.pro ?? false });
+      if (usd !== '0')
+        await services.ledger.topUp({ accountId: account.id, amountNano: parseUsdToNano(usd) });
+      const { secret } = await services.keys.create({ accountId: account.id, keyType: 'INFERENCE' });
+      return { accountId: account.id, key: secret };
+    },
+    async close() {
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await services.close();
+      rmSync(scratch, { recursive: true, force: true });
+    },
+  };
+}
