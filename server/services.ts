@@ -13,6 +13,7 @@ import { createCatalogHandlers } from './domains/catalog/handlers.ts';
 import { createChatHandlers } from './domains/chat/handlers.ts';
 import { createChatProviders } from './domains/chat/providers.ts';
 import { createChatService } from './domains/chat/service.ts';
+import { createMediaHandlers } from './domains/embeddings/media.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
 import { createRpcDomain, type RpcDomain } from './domains/rpc/index.ts';
@@ -124,6 +125,7 @@ export async function createServices(config: Config, logger: Logger): Promise<Se
     }),
     ...createBillingHandlers({ ledger, keys, modelType: (id) => catalog.getModel(id)?.type }),
     ...rpc.handlers,
+    ...createMediaHandlers({ config, catalog, charges, metrics, accounts, limiter, tierOf }),
   });
 
   metrics.addGauge({
