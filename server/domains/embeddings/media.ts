@@ -7,6 +7,8 @@ import type { Config } from '../../config.ts';
 import type { HandlerGroups } from '../../handlers.ts';
 import type { Metrics } from '../../observability/metrics.ts';
 import type { AccountsRepository } from '../../storage/accounts.ts';
+import { createSpeechProviders } from '../audio/providers.ts';
+import { createSpeechHandlers } from '../audio/speech.ts';
 import type { Charges } from '../billing/charges.ts';
 import type { createRateLimiter } from '../limits/rate-limiter.ts';
 import { createEmbeddingHandlers } from './handlers.ts';
@@ -36,5 +38,11 @@ export function createMediaHandlers(deps: MediaDeps): HandlerGroups {
   });
   return {
     ...createEmbeddingHandlers({ embeddings }),
+    ...createSpeechHandlers({
+      catalog: deps.catalog,
+      charges: deps.charges,
+      isPro,
+      providerFor: createSpeechProviders(deps),
+    }),
   };
 }
