@@ -7,8 +7,9 @@ import type { Config } from '../../config.ts';
 import type { HandlerGroups } from '../../handlers.ts';
 import type { Metrics } from '../../observability/metrics.ts';
 import type { AccountsRepository } from '../../storage/accounts.ts';
-import { createSpeechProviders } from '../audio/providers.ts';
+import { createSpeechProviders, createTranscriptionProviders } from '../audio/providers.ts';
 import { createSpeechHandlers } from '../audio/speech.ts';
+import { createTranscriptionHandlers } from '../audio/transcription.ts';
 import type { Charges } from '../billing/charges.ts';
 import type { createRateLimiter } from '../limits/rate-limiter.ts';
 import { createEmbeddingHandlers } from './handlers.ts';
@@ -43,6 +44,12 @@ export function createMediaHandlers(deps: MediaDeps): HandlerGroups {
       charges: deps.charges,
       isPro,
       providerFor: createSpeechProviders(deps),
+    }),
+    ...createTranscriptionHandlers({
+      catalog: deps.catalog,
+      charges: deps.charges,
+      isPro,
+      providerFor: createTranscriptionProviders(deps),
     }),
   };
 }
