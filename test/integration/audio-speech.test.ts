@@ -52,6 +52,14 @@ beforeAll(async () => {
           ...kokoro,
           provider: { kind: 'openai-compatible', name: 'broken', baseUrl: fakeBase },
         },
+        'tts-wav-only': {
+          ...kokoro,
+          model_spec: {
+            ...(kokoro.model_spec as Record<string, unknown>),
+            defaultFormat: 'wav',
+            supportedFormats: ['wav'],
+          },
+        },
       },
     }),
   });
@@ -209,6 +217,16 @@ describe('formats', () => {
     }
     const plain = await speak(key, {});
     expect(plain.response.headers.get('content-type')).toBe('audio/mpeg');
+  });
+
+  test('behavior: a format the model does not list is 400; without response_format the model default is used', async () => {
+    const { key } = await server.account('1');
+    const mp3 = await speak(key, { model: 'tts-wav-only', response_format: 'mp3' });
+    expect(mp3.response.status).toBe(400);
+    expect(JSON.parse(mp3.bytes.toString()).error).toMatch(/Format mp3 is not offered by model tts-wav-only/);
+    const plain = await speak(key, { model: 'tts-wav-only' });
+    expect(plain.response.headers.get('content-type')).toBe('audio/wav');
+    readWav(plain.bytes);
   });
 });
 

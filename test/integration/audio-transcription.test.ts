@@ -54,7 +54,7 @@ async function route(req: IncomingMessage, res: ServerResponse) {
   }).formData();
   const entry: Received = { fields: {} };
   for (const [key, value] of form.entries()) {
-    if (typeof value === 'string') (entry.fields[key] ??= []).push(value);
+    if (typeof value === 'string') entry.fields[key] = [...(entry.fields[key] ?? []), value];
     else entry.file = { name: value.name, type: value.type, bytes: Buffer.from(await value.arrayBuffer()) };
   }
   received.push(entry);
