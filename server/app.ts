@@ -15,6 +15,7 @@ import express, { type NextFunction, type Request, type Response } from 'express
 import * as OpenApiValidator from 'express-openapi-validator';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
+import { coerceMultipartFields } from './domains/audio/multipart-fields.ts';
 import { type AuthPorts, type Principal, resolvePrincipal } from './http/auth.ts';
 import type { Handler, HandlerContext, HandlerTable, Reply, ReplyHeaders } from './http/contract.ts';
 import { ApiError, toValidationDetails } from './http/errors.ts';
@@ -223,19 +224,25 @@ export function createApp(deps: AppDeps): express.Express {
     next();
   });
 
-  app.use(
-    OpenApiValidator.middleware({
-      apiSpec: contract.document as unknown as string,
-      validateApiSpec: false,
-      validateRequests: { allErrors: true },
-      validateResponses: config.validateResponses ? { allErrors: true } : false,
-      validateSecurity: false,
-      ignoreUndocumented: false,
-      ignorePaths: (path: string) => !path.startsWith(`${BASE_PATH}/`),
-      fileUploader: { limits: { fileSize: 25 * 1024 * 1024, files: 1 } },
-      validateFormats: true,
-    }),
+  const validator = OpenApiValidator.middleware({
+    apiSpec: contract.document as unknown as string,
+    validateApiSpec: false,
+    validateRequests: { allErrors: true },
+    validateResponses: config.validateResponses ? { allErrors: true } : false,
+    validateSecurity: false,
+    ignoreUndocumented: false,
+    ignorePaths: (path: string) => !path.startsWith(`${BASE_PATH}/`),
+    fileUploader: { limits: { fileSize: 25 * 1024 * 1024, files: 1 } },
+    validateFormats: true,
+  });
+  // Multipart fields are text on the wire: typed before the request is validated.
+  const requestValidation = validator.findIndex((m) => m.name === 'requestMiddleware');
+  validator.splice(
+    requestValidation < 0 ? validator.length : requestValidation,
+    0,
+    coerceMultipartFields(contract.document),
   );
+  app.use(validator);
 
   // Dispatch to the operation's handler.
   app.use(BASE_PATH, (req, res, next) => {
@@ -266,6 +273,7 @@ export function createApp(deps: AppDeps): express.Express {
       log: locals.log,
       signal: aborter.signal,
       setHeader: (name: string, value: string | number) => res.setHeader(name, value),
+      files: (req as Request & { files?: unknown }).files,
     } as unknown as HandlerContext<OperationId>;
     const principal = locals.principal;
     const slot =

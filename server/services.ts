@@ -17,6 +17,7 @@ import { createChatService } from './domains/chat/service.ts';
 import { createScraper } from './domains/chat/web/scrape.ts';
 import { createDecisionHandlers } from './domains/decisions/handlers.ts';
 import { createDecisionService } from './domains/decisions/service.ts';
+import { createMediaHandlers } from './domains/embeddings/media.ts';
 import { createImageHandlers } from './domains/images/handlers.ts';
 import { createImageProviders } from './domains/images/providers.ts';
 import { createImageService } from './domains/images/service.ts';
@@ -223,6 +224,7 @@ export async function createServices(
         providerFor: createChatProviders({ config, metrics }),
       }),
     }),
+    ...createMediaHandlers({ config, catalog, charges, metrics, accounts, limiter, tierOf }),
     ...wallet.handlers,
   });
 

@@ -70,8 +70,19 @@ export type HandlerContext<K extends OperationId> = {
   log: Logger;
   /** Aborted when the client disconnects. */
   signal: AbortSignal;
+  /** The files of a multipart request. */
+  files?: readonly UploadedFile[];
   /** Adds response headers (for example balance headers computed before the work). */
   setHeader(name: string, value: string | number): void;
+};
+
+/** A file of a multipart request, held in memory (the validator's upload limits apply). */
+export type UploadedFile = {
+  fieldname: string;
+  originalname: string;
+  mimetype: string;
+  size: number;
+  buffer: Buffer;
 };
 
 export type Handler<K extends OperationId> = (ctx: HandlerContext<K>) => Promise<Reply<K>>;

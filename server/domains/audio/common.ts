@@ -1,0 +1,93 @@
+/**
+ * Pieces every media domain (embeddings, speech, transcription) shares: the per-process concurrency slots of a
+ * model (503 when full), the mapping of provider failures to the interface's statuses, and the order in which
+ * a request tries a model's backends (failing over on capacity and failures, never after a refusal).
+ */
+import type { Backend, CatalogModel } from '../../catalog/types.ts';
+import { ApiError } from '../../http/errors.ts';
+import { ChatProviderError } from '../../providers/chat/types.ts';
+
+export const MEDIA_MESSAGES = {
+  capacity: 'The model is at capacity. Please try again later.',
+  timeout: 'The model did not answer in time. Please try again later.',
+  failed: 'Inference processing failed',
+  proOnly: 'This model is only available to Pro users',
+};
+
+/** Rounds a nano-USD amount up: `ceil(a / b)`. */
+export const ceilDiv = (a: bigint, b: bigint) => (a + b - 1n) / b;
+
+/** In-flight requests per model in this process, bounded by the catalogue's `maxConcurrency`. */
+export function createSlots() {
+  const inFlight = new Map<string, number>();
+  return {
+    /** Takes a slot or throws 503; the returned function frees it (idempotent). */
+    acquire(model: CatalogModel): () => void {
+      const current = inFlight.get(model.id) ?? 0;
+      if (current >= model.maxConcurrency)
+        throw new ApiError(503, MEDIA_MESSAGES.capacity, {
+          code: 'MODEL_AT_CAPACITY',
+          headers: { 'Retry-After': '1' },
+        });
+      inFlight.set(model.id, current + 1);
+      let released = false;
+      return () => {
+        if (released) return;
+        released = true;
+        inFlight.set(model.id, (inFlight.get(model.id) ?? 1) - 1);
+      };
+    },
+  };
+}
+
+/** The backends of a model, or 503 when none is configured. */
+export function backendsOf(model: CatalogModel, what: string): readonly Backend[] {
+  if (model.backends.length === 0)
+    throw new ApiError(503, `No ${what} backend is configured for model ${model.id}`, {
+      code: 'MODEL_OFFLINE',
+    });
+  return model.backends;
+}
+
+/** Runs `attempt` on each backend in turn while they fail with capacity or a failure. */
+export async function withFailover<T>(
+  backends: readonly Backend[],
+  signal: AbortSignal | undefined,
+  attempt: (backend: Backend) => Promise<T>,
+): Promise<T> {
+  let lastError: unknown;
+  for (const backend of backends) {
+    try {
+      return await attempt(backend);
+    } catch (error) {
+      lastError = error;
+      const retryable =
+        error instanceof ChatProviderError && (error.kind === 'capacity' || error.kind === 'failed');
+      if (!retryable || signal?.aborted) throw error;
+    }
+  }
+  throw lastError;
+}
+
+/** A provider failure as the interface's status. */
+export function mediaApiError(error: unknown): ApiError {
+  if (error instanceof ApiError) return error;
+  if (error instanceof ChatProviderError) {
+    switch (error.kind) {
+      case 'capacity':
+        return new ApiError(503, MEDIA_MESSAGES.capacity, {
+          code: 'MODEL_AT_CAPACITY',
+          cause: error,
+          ...(error.retryAfter ? { headers: { 'Retry-After': String(error.retryAfter) } } : {}),
+        });
+      case 'timeout':
+        // These operations declare no 504: a backend that did not answer in time is unavailable for now.
+        return new ApiError(503, MEDIA_MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
+      case 'bad_request':
+        return new ApiError(400, error.message, { code: 'UPSTREAM_REJECTED', cause: error });
+      default:
+        return new ApiError(500, MEDIA_MESSAGES.failed, { code: 'INFERENCE_FAILED', cause: error });
+    }
+  }
+  return new ApiError(500, MEDIA_MESSAGES.failed, { code: 'INFERENCE_FAILED', cause: error });
+}
