@@ -182,6 +182,24 @@ async function waitFor<T>(read: () => Promise<T>, ok: (value: T) => boolean): Pr
   return read();
 }
 
+/**
+ * Reads a stream until it has delivered `frames` chunks with visible content, so that output was certainly
+ * produced (a fixed number of reads can end before the first token on a loaded machine).
+ */
+async function readContentFrames(
+  reader: ReadableStreamDefaultReader<Uint8Array>,
+  frames: number,
+): Promise<void> {
+  const decoder = new TextDecoder();
+  let text = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    text += decoder.decode(value, { stream: true });
+    if ((text.match(/"content":"[^"]/g) ?? []).length >= frames) return;
+  }
+}
+
 const chargesOf = async (server: ChatServer, accountId: string) =>
   (await server.services.ledger.listEntries(accountId, { limit: 1000 })).filter((e) => e.type === 'CHARGE');
 
@@ -245,7 +263,7 @@ describe('against a second instance of the server', () => {
       aborter.signal,
     );
     const reader = (response.body as ReadableStream<Uint8Array>).getReader();
-    for (let i = 0; i < 5; i++) await reader.read();
+    await readContentFrames(reader, 3);
     aborter.abort();
     const mine = await waitFor(
       () => chargesOf(gateway, accountId),
@@ -428,7 +446,7 @@ describe('local engine limits', () => {
     const second = await call(local, key, { model: 'solo' });
     expect(second.status).toBe(503);
     expect(await second.json()).toMatchObject({ error: 'The model is at capacity. Please try again later.' });
-    for (let i = 0; i < 5; i++) await reader.read();
+    await readContentFrames(reader, 3);
     aborter.abort();
     const charges = await waitFor(
       () => chargesOf(local, accountId),
