@@ -2063,7 +2063,7 @@ export interface components {
         };
         /**
          * ChatCompletionChunk
-         * @description One event of a streamed chat completion (`stream` true), in the OpenAI `chat.completion.chunk` format. All chunks of a stream share `id`, `created` and `model`. The first chunk of a choice carries `delta.role`; the following chunks carry pieces of `delta.content` (and `delta.reasoning_content` or `delta.tool_calls`); the chunk that ends a choice has an empty `delta` and a `finish_reason`. The last chunk before `data: [DONE]` always has an empty `choices` array and carries `usage` and `cost` for the whole request. With `service_parameters.include_search_results_in_stream`, the FIRST chunk has an empty `choices` array and carries `service_parameters` with `web_search_citations`. The examples are one complete stream, in order.
+         * @description One event of a streamed chat completion (`stream` true), in the OpenAI `chat.completion.chunk` format. All chunks of a stream share `id`, `created` and `model`. The first chunk of a choice carries `delta.role`; the following chunks carry pieces of `delta.content` (and `delta.reasoning_content` or `delta.tool_calls`); the chunk that ends a choice has an empty `delta` and a `finish_reason`. The last chunk before `data: [DONE]` always has an empty `choices` array and carries `usage`, `cost` and the `service_parameters` echo for the whole request. With `service_parameters.include_search_results_in_stream`, the FIRST chunk has an empty `choices` array and carries `service_parameters` with `web_search_citations`. The examples are one complete stream, in order.
          * @example {
          *       "id": "chatcmpl-3f9a1c7e52b84d06a1e9c4b7d2f06a58",
          *       "object": "chat.completion.chunk",
@@ -2152,6 +2152,17 @@ export interface components {
          *       "cost": {
          *         "diem": 0,
          *         "usd": 0.000049
+         *       },
+         *       "service_parameters": {
+         *         "enable_e2ee": false,
+         *         "enable_web_search": "off",
+         *         "enable_web_citations": false,
+         *         "enable_web_scraping": false,
+         *         "include_service_system_prompt": true,
+         *         "include_search_results_in_stream": false,
+         *         "return_search_results_as_documents": false,
+         *         "strip_thinking_response": false,
+         *         "disable_thinking": false
          *       }
          *     }
          */
