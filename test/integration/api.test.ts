@@ -193,7 +193,13 @@ describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
         await services.keys.authenticate(ADMIN).then((r) => (r.ok ? r.key.accountId : '')),
       );
       expect(key).toBeDefined();
-      const limiter = createRateLimiter({ rateLimits: services.rateLimits, catalog: services.catalog });
+      // A clock fixed inside one minute: the loop below cannot straddle a window boundary.
+      const fixed = Math.floor(Date.now() / 60_000) * 60_000 + 60_000 + 1_000;
+      const limiter = createRateLimiter({
+        rateLimits: services.rateLimits,
+        catalog: services.catalog,
+        now: () => fixed,
+      });
       const principal = {
         kind: 'apiKey' as const,
         accountId: key?.accountId ?? '',
@@ -221,7 +227,13 @@ describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
         keyType: 'INFERENCE',
         description: 'T',
       });
-      const limiter = createRateLimiter({ rateLimits: services.rateLimits, catalog: services.catalog });
+      // A clock fixed inside one minute: the loop below cannot straddle a window boundary.
+      const fixed = Math.floor(Date.now() / 60_000) * 60_000 + 60_000 + 1_000;
+      const limiter = createRateLimiter({
+        rateLimits: services.rateLimits,
+        catalog: services.catalog,
+        now: () => fixed,
+      });
       const principal = {
         kind: 'apiKey' as const,
         accountId: account.id,
