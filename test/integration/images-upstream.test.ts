@@ -211,7 +211,7 @@ describe('loopback upstreams', () => {
       ['via-fail500', 500, 'INFERENCE_FAILED'],
       ['via-busy429', 503, 'MODEL_AT_CAPACITY'],
       ['via-policy', 422, 'CONTENT_POLICY_VIOLATION'],
-      ['via-slow', 504, 'REQUEST_TIMEOUT'],
+      ['via-slow', 503, 'REQUEST_TIMEOUT'],
       ['via-garbage', 500, 'INFERENCE_FAILED'],
       ['via-short', 500, 'INFERENCE_FAILED'],
     ];

@@ -10,7 +10,6 @@ import { createHandlers, type HandlerGroups } from '../../server/handlers.ts';
 import type { AuthPorts } from '../../server/http/auth.ts';
 import { loadContract } from '../../server/http/spec.ts';
 import { createMetrics } from '../../server/observability/metrics.ts';
-import { recordingMetrics } from './coverage.ts';
 
 export type TestApp = { url: string; origin: string; config: Config; close(): Promise<void> };
 
@@ -39,7 +38,7 @@ export async function startTestApp(
     logger: pino({ level: 'silent' }),
     auth,
     handlers: createHandlers(options.handlers ?? {}),
-    metrics: recordingMetrics(createMetrics()),
+    metrics: createMetrics(),
     readiness: options.readiness ?? (async () => {}),
   });
   const server = app.listen(0, '127.0.0.1');

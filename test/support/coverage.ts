@@ -1,5 +1,6 @@
 /**
- * Contract coverage of the test suites: every server a test starts records each answered request as
+ * Contract coverage of the test suites: every real server a test starts (not the fake-port apps of
+ * test/support/app.ts) records each answered request as
  * `operationId <TAB> status` into `coverage/contract/` (one file per test process). `npm run coverage:contract`
  * (the last step of `npm test`) compares the records with the operations and documented statuses of
  * `generated/openapi.yaml`: it fails if an operation was never called, and reports the documented statuses the

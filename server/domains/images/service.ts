@@ -83,7 +83,7 @@ export function toApiError(error: unknown): ApiError {
           ...(error.retryAfter ? { headers: { 'Retry-After': String(error.retryAfter) } } : {}),
         });
       case 'timeout':
-        return new ApiError(504, MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
+        return new ApiError(503, MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
       case 'bad_request':
         return new ApiError(400, error.message, { code: 'UPSTREAM_REJECTED', cause: error });
       case 'content_policy':
