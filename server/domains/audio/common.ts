@@ -6,6 +6,7 @@
 import type { Backend, CatalogModel } from '../../catalog/types.ts';
 import { ApiError } from '../../http/errors.ts';
 import { ChatProviderError } from '../../providers/chat/types.ts';
+import { providerApiError } from '../provider-errors.ts';
 
 export const MEDIA_MESSAGES = {
   capacity: 'The model is at capacity. Please try again later.',
@@ -71,23 +72,10 @@ export async function withFailover<T>(
 
 /** A provider failure as the interface's status. */
 export function mediaApiError(error: unknown): ApiError {
-  if (error instanceof ApiError) return error;
-  if (error instanceof ChatProviderError) {
-    switch (error.kind) {
-      case 'capacity':
-        return new ApiError(503, MEDIA_MESSAGES.capacity, {
-          code: 'MODEL_AT_CAPACITY',
-          cause: error,
-          ...(error.retryAfter ? { headers: { 'Retry-After': String(error.retryAfter) } } : {}),
-        });
-      case 'timeout':
-        // These operations declare no 504: a backend that did not answer in time is unavailable for now.
-        return new ApiError(503, MEDIA_MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
-      case 'bad_request':
-        return new ApiError(400, error.message, { code: 'UPSTREAM_REJECTED', cause: error });
-      default:
-        return new ApiError(500, MEDIA_MESSAGES.failed, { code: 'INFERENCE_FAILED', cause: error });
-    }
-  }
-  return new ApiError(500, MEDIA_MESSAGES.failed, { code: 'INFERENCE_FAILED', cause: error });
+  // These operations declare no 504: a backend that did not answer in time is unavailable for now.
+  return providerApiError(error, {
+    isProviderError: (e) => e instanceof ChatProviderError,
+    messages: MEDIA_MESSAGES,
+    timeoutStatus: 503,
+  });
 }

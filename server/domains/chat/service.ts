@@ -30,6 +30,7 @@ import {
 import type { SearchProvider, SearchResult } from '../../providers/search/types.ts';
 import type { Reservation } from '../../storage/ledger.ts';
 import type { Charges } from '../billing/charges.ts';
+import { providerApiError } from '../provider-errors.ts';
 import { type ChatOptions, resolveOptions } from './options.ts';
 import { affordableCompletionTokens, chargeItems, type Extras, worstCaseNano } from './pricing.ts';
 import { buildMessages, type FileConverter } from './prompt.ts';
@@ -92,24 +93,11 @@ export type Settlement = {
 
 /** A provider failure as the interface's status. */
 export function toApiError(error: unknown): ApiError {
-  if (error instanceof ApiError) return error;
-  if (error instanceof ChatProviderError) {
-    switch (error.kind) {
-      case 'capacity':
-        return new ApiError(503, MESSAGES.capacity, {
-          code: 'MODEL_AT_CAPACITY',
-          cause: error,
-          ...(error.retryAfter ? { headers: { 'Retry-After': String(error.retryAfter) } } : {}),
-        });
-      case 'timeout':
-        return new ApiError(504, MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
-      case 'bad_request':
-        return new ApiError(400, error.message, { code: 'UPSTREAM_REJECTED', cause: error });
-      default:
-        return new ApiError(500, MESSAGES.failed, { code: 'INFERENCE_FAILED', cause: error });
-    }
-  }
-  return new ApiError(500, MESSAGES.failed, { code: 'INFERENCE_FAILED', cause: error });
+  return providerApiError(error, {
+    isProviderError: (e) => e instanceof ChatProviderError,
+    messages: MESSAGES,
+    timeoutStatus: 504,
+  });
 }
 
 /** The in-band error event of a stream that already started. */

@@ -24,6 +24,7 @@ import {
   type ImageProviderResult,
 } from '../../providers/images/types.ts';
 import type { Charges } from '../billing/charges.ts';
+import { providerApiError } from '../provider-errors.ts';
 import { checkPromptContent } from './content.ts';
 import { enhancePrompt } from './enhance.ts';
 import { CONTENT_TYPES, finishImage } from './finish.ts';
@@ -73,26 +74,11 @@ export type ImageGeneration = {
 
 /** A provider failure as the interface's status. */
 export function toApiError(error: unknown): ApiError {
-  if (error instanceof ApiError) return error;
-  if (error instanceof ImageProviderError) {
-    switch (error.kind) {
-      case 'capacity':
-        return new ApiError(503, MESSAGES.capacity, {
-          code: 'MODEL_AT_CAPACITY',
-          cause: error,
-          ...(error.retryAfter ? { headers: { 'Retry-After': String(error.retryAfter) } } : {}),
-        });
-      case 'timeout':
-        return new ApiError(503, MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
-      case 'bad_request':
-        return new ApiError(400, error.message, { code: 'UPSTREAM_REJECTED', cause: error });
-      case 'content_policy':
-        return new ApiError(422, MESSAGES.policy, { code: 'CONTENT_POLICY_VIOLATION', cause: error });
-      default:
-        return new ApiError(500, MESSAGES.failed, { code: 'INFERENCE_FAILED', cause: error });
-    }
-  }
-  return new ApiError(500, MESSAGES.failed, { code: 'INFERENCE_FAILED', cause: error });
+  return providerApiError(error, {
+    isProviderError: (e) => e instanceof ImageProviderError,
+    messages: MESSAGES,
+    timeoutStatus: 503,
+  });
 }
 
 const round = (ms: number) => Math.round(ms * 10) / 10;
