@@ -6,10 +6,11 @@
 import type { Backend, CatalogModel } from '../../catalog/types.ts';
 import { ApiError } from '../../http/errors.ts';
 import { ChatProviderError } from '../../providers/chat/types.ts';
+import { AT_CAPACITY_MESSAGE } from '../concurrency.ts';
 import { providerApiError } from '../provider-errors.ts';
 
 export const MEDIA_MESSAGES = {
-  capacity: 'The model is at capacity. Please try again later.',
+  capacity: AT_CAPACITY_MESSAGE,
   timeout: 'The model did not answer in time. Please try again later.',
   failed: 'Inference processing failed',
   proOnly: 'This model is only available to Pro users',
@@ -17,29 +18,6 @@ export const MEDIA_MESSAGES = {
 
 /** Rounds a nano-USD amount up: `ceil(a / b)`. */
 export const ceilDiv = (a: bigint, b: bigint) => (a + b - 1n) / b;
-
-/** In-flight requests per model in this process, bounded by the catalogue's `maxConcurrency`. */
-export function createSlots() {
-  const inFlight = new Map<string, number>();
-  return {
-    /** Takes a slot or throws 503; the returned function frees it (idempotent). */
-    acquire(model: CatalogModel): () => void {
-      const current = inFlight.get(model.id) ?? 0;
-      if (current >= model.maxConcurrency)
-        throw new ApiError(503, MEDIA_MESSAGES.capacity, {
-          code: 'MODEL_AT_CAPACITY',
-          headers: { 'Retry-After': '1' },
-        });
-      inFlight.set(model.id, current + 1);
-      let released = false;
-      return () => {
-        if (released) return;
-        released = true;
-        inFlight.set(model.id, (inFlight.get(model.id) ?? 1) - 1);
-      };
-    },
-  };
-}
 
 /** The backends of a model, or 503 when none is configured. */
 export function backendsOf(model: CatalogModel, what: string): readonly Backend[] {

@@ -20,7 +20,8 @@ import {
 import { ChatProviderError } from '../../providers/chat/types.ts';
 import type { CaptureItem } from '../../storage/ledger.ts';
 import type { Charges } from '../billing/charges.ts';
-import { backendsOf, ceilDiv, createSlots, MEDIA_MESSAGES, mediaApiError } from './common.ts';
+import { createSlots } from '../concurrency.ts';
+import { backendsOf, ceilDiv, MEDIA_MESSAGES, mediaApiError } from './common.ts';
 
 export type SpeechDeps = {
   catalog: CatalogService;

@@ -17,7 +17,8 @@ import type {
 import { ChatProviderError } from '../../providers/chat/types.ts';
 import type { CaptureItem } from '../../storage/ledger.ts';
 import type { Charges } from '../billing/charges.ts';
-import { backendsOf, ceilDiv, createSlots, MEDIA_MESSAGES, mediaApiError, withFailover } from './common.ts';
+import { createSlots } from '../concurrency.ts';
+import { backendsOf, ceilDiv, MEDIA_MESSAGES, mediaApiError, withFailover } from './common.ts';
 
 export type TranscriptionDeps = {
   catalog: CatalogService;

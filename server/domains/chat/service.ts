@@ -30,6 +30,7 @@ import {
 import type { SearchProvider, SearchResult } from '../../providers/search/types.ts';
 import type { Reservation } from '../../storage/ledger.ts';
 import type { Charges } from '../billing/charges.ts';
+import { AT_CAPACITY_MESSAGE, createSlots } from '../concurrency.ts';
 import { providerApiError } from '../provider-errors.ts';
 import { type ChatOptions, resolveOptions } from './options.ts';
 import { affordableCompletionTokens, chargeItems, type Extras, worstCaseNano } from './pricing.ts';
@@ -57,7 +58,7 @@ export type ChatServiceDeps = {
 export const MIN_COMPLETION_TOKENS = 16;
 
 export const MESSAGES = {
-  capacity: 'The model is at capacity. Please try again later.',
+  capacity: AT_CAPACITY_MESSAGE,
   timeout:
     'The request took too long to complete and was timed-out. For long-running inference requests, use the streaming API by setting `stream=true` in your request.',
   failed: 'Inference processing failed',
@@ -123,23 +124,7 @@ function toolsOf(body: ChatCompletionRequest): ProviderTool[] | undefined {
 }
 
 export function createChatService(deps: ChatServiceDeps) {
-  const inFlight = new Map<string, number>();
-
-  function acquire(model: CatalogModel): () => void {
-    const current = inFlight.get(model.id) ?? 0;
-    if (current >= model.maxConcurrency)
-      throw new ApiError(503, MESSAGES.capacity, {
-        code: 'MODEL_AT_CAPACITY',
-        headers: { 'Retry-After': '1' },
-      });
-    inFlight.set(model.id, current + 1);
-    let released = false;
-    return () => {
-      if (released) return;
-      released = true;
-      inFlight.set(model.id, (inFlight.get(model.id) ?? 1) - 1);
-    };
-  }
+  const { acquire } = createSlots();
 
   /** Backends in the order to try: a `prompt_cache_key` always starts at the same one. */
   function backendOrder(model: CatalogModel, key: string | undefined): Backend[] {

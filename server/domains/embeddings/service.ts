@@ -13,15 +13,9 @@ import { ApiError, badRequest, notFound } from '../../http/errors.ts';
 import { countTokens } from '../../providers/chat/tokenizer.ts';
 import type { EmbeddingProvider } from '../../providers/embeddings/types.ts';
 import type { CaptureItem } from '../../storage/ledger.ts';
-import {
-  backendsOf,
-  ceilDiv,
-  createSlots,
-  MEDIA_MESSAGES,
-  mediaApiError,
-  withFailover,
-} from '../audio/common.ts';
+import { backendsOf, ceilDiv, MEDIA_MESSAGES, mediaApiError, withFailover } from '../audio/common.ts';
 import type { Charges } from '../billing/charges.ts';
+import { createSlots } from '../concurrency.ts';
 
 export type EmbeddingServiceDeps = {
   catalog: CatalogService;

@@ -24,6 +24,7 @@ import {
   type ImageProviderResult,
 } from '../../providers/images/types.ts';
 import type { Charges } from '../billing/charges.ts';
+import { AT_CAPACITY_MESSAGE, createSlots } from '../concurrency.ts';
 import { providerApiError } from '../provider-errors.ts';
 import { checkPromptContent } from './content.ts';
 import { enhancePrompt } from './enhance.ts';
@@ -45,7 +46,7 @@ export type ImageServiceDeps = {
 };
 
 export const MESSAGES = {
-  capacity: 'The model is at capacity. Please try again later.',
+  capacity: AT_CAPACITY_MESSAGE,
   timeout: 'The image generation took too long and was timed-out.',
   failed: 'Inference processing failed',
   proOnly: 'This model is only available to Pro users',
@@ -85,23 +86,7 @@ const round = (ms: number) => Math.round(ms * 10) / 10;
 
 export function createImageService(deps: ImageServiceDeps) {
   const clock = deps.clock ?? (() => performance.now());
-  const inFlight = new Map<string, number>();
-
-  function acquire(model: CatalogModel): () => void {
-    const current = inFlight.get(model.id) ?? 0;
-    if (current >= model.maxConcurrency)
-      throw new ApiError(503, MESSAGES.capacity, {
-        code: 'MODEL_AT_CAPACITY',
-        headers: { 'Retry-After': '1' },
-      });
-    inFlight.set(model.id, current + 1);
-    let released = false;
-    return () => {
-      if (released) return;
-      released = true;
-      inFlight.set(model.id, (inFlight.get(model.id) ?? 1) - 1);
-    };
-  }
+  const { acquire } = createSlots();
 
   return {
     /** Resolves an image model by id, trait or OpenAI name (404 when none). */
