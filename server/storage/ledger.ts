@@ -112,6 +112,11 @@ export type TopUpInput = {
   network?: string | null;
   txHash?: string | null;
   note?: string | null;
+  /**
+   * Runs in the same transaction as the credit, with the payment's entry (the new one, or the one that already
+   * credited this (network, txHash)): to record the payment as credited atomically with its TOP_UP.
+   */
+  onRecorded?: (executor: Kysely<Tables>, entry: LedgerEntry) => Promise<void>;
 };
 export type TopUpResult = { entry: LedgerEntry; credited: boolean };
 
@@ -549,7 +554,11 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         return await db.transaction().execute(async (trx) => {
           const account = await lockAccount(trx, input.accountId);
           const existing = await findPayment(trx);
-          if (existing) return { entry: toLedgerEntry(existing), credited: false };
+          if (existing) {
+            const entry = toLedgerEntry(existing);
+            await input.onRecorded?.(trx, entry);
+            return { entry, credited: false };
+          }
           const balanceAfter = account.usd_balance_nano + input.amountNano;
           const [entry] = await insertEntries(trx, [
             entryValues(
@@ -573,13 +582,18 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
             .where('id', '=', input.accountId)
             .execute();
           if (!entry) throw new StorageError('STORAGE_FAILURE', 'Top-up entry was not written');
+          await input.onRecorded?.(trx, entry);
           return { entry, credited: true };
         });
       } catch (error) {
         // The same payment credited concurrently to another account: the unique index refused this one.
         if (isUniqueViolation(error)) {
           const existing = await findPayment(db);
-          if (existing) return { entry: toLedgerEntry(existing), credited: false };
+          if (existing) {
+            const entry = toLedgerEntry(existing);
+            await input.onRecorded?.(db, entry);
+            return { entry, credited: false };
+          }
         }
         throw error;
       }

@@ -9,10 +9,10 @@
  * reconciled like a pending one. Also the database-backed x402 `PendingSettlementStore`.
  */
 import type { PendingSettlementStore } from '@x402/core/facilitator';
-import type { Selectable } from 'kysely';
+import type { Kysely, Selectable } from 'kysely';
 import type { Database } from './database.ts';
 import { type RepositoryOptions, resolveOptions, toNumber } from './internal.ts';
-import type { X402PaymentsTable } from './schema.ts';
+import type { Tables, X402PaymentsTable } from './schema.ts';
 
 export type PaymentStatus = X402PaymentsTable['status'];
 
@@ -87,8 +87,9 @@ export function createX402Payments(database: Database, options: RepositoryOption
       error?: string | null;
       lease_until_ms?: number;
     },
+    executor: Kysely<Tables> = db,
   ): Promise<void> {
-    await db
+    await executor
       .updateTable('x402_payments')
       .set({ ...fields, updated_at_ms: now() })
       .where('payment_key', '=', paymentKey)
@@ -145,8 +146,9 @@ export function createX402Payments(database: Database, options: RepositoryOption
     markPending: (paymentKey: string, txHash: string | null, error: string | null) =>
       update(paymentKey, { status: 'pending', tx_hash: txHash, error, lease_until_ms: now() }),
 
-    markSettled: (paymentKey: string, txHash: string, entryId: string) =>
-      update(paymentKey, { status: 'settled', tx_hash: txHash, entry_id: entryId, error: null }),
+    /** Credited: pass the ledger's transaction (`onRecorded`) so the row changes with its TOP_UP. */
+    markSettled: (paymentKey: string, txHash: string, entryId: string, executor?: Kysely<Tables>) =>
+      update(paymentKey, { status: 'settled', tx_hash: txHash, entry_id: entryId, error: null }, executor),
 
     markFailed: (paymentKey: string, error: string) => update(paymentKey, { status: 'failed', error }),
 
@@ -164,8 +166,7 @@ export function createX402Payments(database: Database, options: RepositoryOption
     },
 
     /** Takes a due payment for one reconciliation attempt (one process at a time); false if another has it. */
-    async lease(paymentKey: string, leaseMs: number): Promise<boolean> {
-      const at = now();
+    async lease(paymentKey: string, leaseMs: number, at: number = now()): Promise<boolean> {
       const result = await db
         .updateTable('x402_payments')
         .set({ lease_until_ms: at + leaseMs, updated_at_ms: at })

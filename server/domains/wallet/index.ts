@@ -12,6 +12,7 @@ import type { ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
 import type { OperationId } from '../../http/spec.ts';
 import { formatUsdFixed } from '../../money.ts';
+import { createEip3009Chain } from '../../providers/x402/evm-authorizations.ts';
 import type { Facilitator } from '../../providers/x402/facilitator.ts';
 import { createHttpFacilitator } from '../../providers/x402/http.ts';
 import { createInProcessFacilitator } from '../../providers/x402/in-process.ts';
@@ -101,6 +102,7 @@ export function createWalletDomain(deps: WalletDomainDeps) {
           accounts,
           discovery,
           logger: deps.logger,
+          chain: config.x402.baseRpcUrl ? createEip3009Chain(config.x402.baseRpcUrl) : undefined,
         })
       : undefined;
   const nonces = createSiwxNonces(deps.database);
@@ -128,7 +130,7 @@ export function createWalletDomain(deps: WalletDomainDeps) {
   async function housekeeping(at: number = Date.now()): Promise<void> {
     await Promise.all([nonces.prune(at), slots.prune(at)]);
     if (topUp) {
-      const counts = await topUp.reconcile();
+      const counts = await topUp.reconcile(at);
       if (counts.credited + counts.failed > 0) deps.logger.info(counts, 'x402 pending top-ups reconciled');
     }
   }

@@ -13,6 +13,7 @@ import { createHash } from 'node:crypto';
 import type { Logger } from 'pino';
 import { ApiError, badRequest } from '../../http/errors.ts';
 import { nanoToUsdNumber, usdNumberToNano } from '../../money.ts';
+import type { Eip3009Chain } from '../../providers/x402/evm-authorizations.ts';
 import type {
   Facilitator,
   PaymentPayload,
@@ -36,6 +37,8 @@ export type TopUpDeps = {
   accounts: AccountsRepository;
   discovery: DiscoveryOptions;
   logger: Logger;
+  /** The Base node the reconciler asks about EIP-3009 authorizations; without it, Base payments are re-settled. */
+  chain?: Eip3009Chain | undefined;
 };
 
 export type TopUpOutcome =
@@ -220,8 +223,9 @@ export function createTopUpService(deps: TopUpDeps) {
       amountNano: input.amountNano,
       network: input.network,
       txHash: input.settle.transaction,
+      onRecorded: (executor, recorded) =>
+        payments.markSettled(input.key, input.settle.transaction, recorded.id, executor),
     });
-    await payments.markSettled(input.key, input.settle.transaction, entry.id);
     return {
       status: 200,
       body: {
@@ -323,6 +327,100 @@ export function createTopUpService(deps: TopUpDeps) {
     return settle;
   }
 
+  type Row = NonNullable<Awaited<ReturnType<typeof payments.get>>>;
+
+  /** The EIP-3009 authorization a Base payment carries, if it is one. */
+  function authorizationOf(row: Row) {
+    const requirements = row.requirements as PaymentRequirements;
+    const authorization = (row.payload as PaymentPayload).payload?.authorization as
+      | { from?: unknown; to?: unknown; nonce?: unknown; validBefore?: unknown }
+      | undefined;
+    if (
+      !requirements.network.startsWith('eip155:') ||
+      typeof authorization?.from !== 'string' ||
+      typeof authorization.nonce !== 'string' ||
+      !/^0x[0-9a-fA-F]{64}$/.test(authorization.nonce) ||
+      typeof authorization.validBefore !== 'string' ||
+      !/^\d+$/.test(authorization.validBefore)
+    ) {
+      return undefined;
+    }
+    return {
+      token: requirements.asset,
+      payTo: requirements.payTo,
+      authorizer: authorization.from,
+      nonce: authorization.nonce as `0x${string}`,
+      validBefore: BigInt(authorization.validBefore),
+    };
+  }
+
+  async function reconcileFromChain(
+    row: Row,
+    chain: Eip3009Chain,
+    authorization: NonNullable<ReturnType<typeof authorizationOf>>,
+  ): Promise<'credited' | 'pending' | 'failed'> {
+    if (await chain.authorizationUsed(authorization)) {
+      const use = await chain.findAuthorizationUse({
+        ...authorization,
+        // The broadcast came after the claim; ten minutes of margin for clocks that differ.
+        sinceSeconds: BigInt(Math.floor(row.createdAtMs / 1000) - 600),
+      });
+      const paid = use?.transfers.some(
+        (t) =>
+          t.from.toLowerCase() === authorization.authorizer.toLowerCase() &&
+          t.to.toLowerCase() === authorization.payTo.toLowerCase() &&
+          t.value === BigInt(row.amountAtomic),
+      );
+      if (!use || !paid) {
+        logger.error(
+          { paymentKey: row.paymentKey, transaction: use?.transaction },
+          'x402 authorization used without a matching transfer to us: left pending for review',
+        );
+        await payments.markPending(
+          row.paymentKey,
+          use?.transaction ?? row.txHash,
+          'authorization used elsewhere',
+        );
+        return 'pending';
+      }
+      await credit({
+        key: row.paymentKey,
+        network: row.network,
+        payer: row.payer,
+        amountNano: row.amountNano,
+        settle: {
+          success: true,
+          transaction: use.transaction,
+          network: row.network as never,
+          payer: row.payer,
+        },
+      });
+      return 'credited';
+    }
+    if ((await chain.latestTimestamp()) >= authorization.validBefore) {
+      await payments.markFailed(row.paymentKey, 'authorization expired unused');
+      return 'failed';
+    }
+    await payments.markPending(row.paymentKey, row.txHash, row.error ?? 'not on chain yet');
+    return 'pending';
+  }
+
+  async function reconcileOne(row: Row): Promise<'credited' | 'pending' | 'failed'> {
+    const authorization = authorizationOf(row);
+    if (authorization && deps.chain) return reconcileFromChain(row, deps.chain, authorization);
+    const result = await settleClaimed(
+      row.paymentKey,
+      row.payload as PaymentPayload,
+      row.requirements as PaymentRequirements,
+      { payer: row.payer, amountNano: row.amountNano },
+    );
+    if (result instanceof ApiError) return 'pending';
+    if ('status' in result) return result.status === 200 ? 'credited' : 'pending';
+    // The outcome of the first attempt is unknown (it may have been broadcast): keep it for a human.
+    await payments.markPending(row.paymentKey, row.txHash, result.errorReason ?? 'reconciliation failed');
+    return 'pending';
+  }
+
   return {
     /** The 402 with payment options for `amountUsd` (default 10). */
     async offer(amountUsd: number | undefined, resourceUrl: string) {
@@ -391,36 +489,30 @@ export function createTopUpService(deps: TopUpDeps) {
     },
 
     /**
-     * Settles again every pending payment (and every one whose settling process died), crediting those that
-     * confirmed. Safe on several processes at once: each payment is leased to one of them per attempt.
+     * Resolves every pending payment (and every one whose settling process died), across processes: each
+     * payment is leased to one of them per attempt, and the credit is unique per (network, transaction).
+     *
+     * A Base payment is resolved from the chain when a Base RPC is configured, never by settling again: the
+     * process may have died after broadcasting, and then a second settlement fails (the authorization is
+     * used) although the money moved. If the token used the authorization, the transaction that used it is
+     * found from its `AuthorizationUsed` log and credited once, when it moved the payment's amount from the
+     * payer to our pay-to address. If the authorization is unused and the latest block is stamped at or after
+     * its `validBefore`, it can never move: the payment fails, nothing credited. If it is unused and still valid
+     * (the transaction may be waiting in a mempool), the payment stays pending and is looked at again next time;
+     * it is not submitted again, because a second submission racing the first would revert and read as a
+     * failure. Other payments (Solana, or Base without an RPC) are settled again through the facilitator, which
+     * answers for a transaction it broadcast before; a payment whose outcome is unknown is kept pending, never
+     * marked failed on a guess.
      */
-    async reconcile(): Promise<{ credited: number; pending: number; failed: number }> {
+    async reconcile(at?: number): Promise<{ credited: number; pending: number; failed: number }> {
       const counts = { credited: 0, pending: 0, failed: 0 };
-      for (const row of await payments.due()) {
-        if (!(await payments.lease(row.paymentKey, SETTLE_LEASE_MS))) continue;
-        const result = await settleClaimed(
-          row.paymentKey,
-          row.payload as PaymentPayload,
-          row.requirements as PaymentRequirements,
-          { payer: row.payer, amountNano: row.amountNano },
-        ).catch((error: unknown) => {
-          logger.warn({ err: error }, 'x402 reconciliation failed');
-          return undefined;
+      for (const row of await payments.due(50, at)) {
+        if (!(await payments.lease(row.paymentKey, SETTLE_LEASE_MS, at))) continue;
+        const outcome = await reconcileOne(row).catch((error: unknown) => {
+          logger.warn({ err: error, paymentKey: row.paymentKey }, 'x402 reconciliation failed');
+          return 'pending' as const;
         });
-        if (result === undefined || result instanceof ApiError) counts.pending++;
-        else if ('status' in result) counts[result.status === 200 ? 'credited' : 'pending']++;
-        else if (row.txHash) {
-          // It was broadcast: a failure to re-settle is not proof that nothing moved. Keep it for a human.
-          await payments.markPending(
-            row.paymentKey,
-            row.txHash,
-            result.errorReason ?? 'reconciliation failed',
-          );
-          counts.pending++;
-        } else {
-          await payments.markFailed(row.paymentKey, result.errorReason ?? 'settlement failed');
-          counts.failed++;
-        }
+        counts[outcome]++;
       }
       return counts;
     },
