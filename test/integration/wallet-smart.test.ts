@@ -1,14 +1,16 @@
 /**
- * Sign-In-With-X from an EIP-1271 smart wallet deployed on a real EVM node: accepted when the server has a
- * Base RPC to ask the wallet contract, refused (offline EOA check only) without one, and refused when the
- * signer is not the wallet's owner.
+ * Sign-In-With-X from smart wallets on a real EVM node. EIP-1271 (deployed): accepted when the server has a Base
+ * RPC to ask the wallet contract, refused (offline EOA check only) without one, and refused when the signer is
+ * not the wallet's owner. ERC-6492 (counterfactual, deployed later by a CREATE2 factory): accepted when the
+ * factory is in `X402_EIP6492_FACTORIES`, without deploying the wallet; refused with a wrong inner signature or
+ * an untrusted factory; once deployed, the same wallet signs in with plain EIP-1271.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pino } from 'pino';
-import { getAddress, type Hex, type LocalAccount } from 'viem';
+import { getAddress, type Hex, type LocalAccount, toHex } from 'viem';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { createApp } from '../../server/app.ts';
@@ -16,7 +18,7 @@ import { loadConfig } from '../../server/config.ts';
 import { createServices } from '../../server/services.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
 import { withCoverage } from '../support/coverage.ts';
-import { deploySmartWallet } from '../support/x402/contracts.ts';
+import { counterfactualWallet, deploySmartWallet, deployWalletFactory } from '../support/x402/contracts.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-smart-'));
@@ -44,9 +46,23 @@ async function startServer(env: Record<string, string>) {
   return `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
 }
 
-/** The owner signs the SIWE message, but the proof names the smart wallet as the signer. */
-function asSmartWallet(owner: LocalAccount, wallet: Hex): LocalAccount {
-  return { ...owner, address: wallet, signMessage: owner.signMessage } as LocalAccount;
+/**
+ * The owner signs the SIWE message, but the proof names the smart wallet as the signer (`wrap`: the signature as
+ * a counterfactual wallet sends it, ERC-6492-wrapped).
+ */
+function asSmartWallet(owner: LocalAccount, wallet: Hex, wrap?: (signature: Hex) => Hex): LocalAccount {
+  const signMessage: LocalAccount['signMessage'] = async (args) => {
+    const signature = await owner.signMessage(args);
+    return wrap ? wrap(signature) : signature;
+  };
+  return { ...owner, address: wallet, signMessage } as LocalAccount;
+}
+
+async function balanceCall(base: string, account: LocalAccount) {
+  const response = await fetch(`${base}/x402/balance/${account.address}`, {
+    headers: { 'SIGN-IN-WITH-X': await evmSignIn(account, { origin: ORIGIN }) },
+  });
+  return { status: response.status, body: (await response.json()) as { code?: string; data?: unknown } };
 }
 
 beforeAll(async () => {
@@ -85,5 +101,55 @@ describe('Sign-In-With-X from an EIP-1271 smart wallet', () => {
     const stranger = await call(withRpc, privateKeyToAccount(generatePrivateKey()));
     expect(stranger.status).toBe(401);
     expect(stranger.body.code).toBe('X402_SIGN_IN_INVALID_SIGNATURE');
+  });
+
+  test('behavior: ERC-6492 counterfactual wallet: accepted for a listed factory without deploying; refused otherwise; plain 1271 once deployed', async () => {
+    const factory = await deployWalletFactory(anvil.url, ANVIL_PRIVATE_KEYS[0]);
+    const otherFactory = await deployWalletFactory(anvil.url, ANVIL_PRIVATE_KEYS[0]);
+    const owner = privateKeyToAccount(generatePrivateKey());
+    const wallet = await counterfactualWallet(anvil.url, factory, owner.address, toHex(7n, { size: 32 }));
+    const code = () => anvil.rpc<string>('eth_getCode', [wallet.address, 'latest']);
+    expect(await code()).toBe('0x');
+
+    const trusting = await startServer({ X402_BASE_RPC_URL: anvil.url, X402_EIP6492_FACTORIES: factory });
+    const untrusting = await startServer({
+      X402_BASE_RPC_URL: anvil.url,
+      X402_EIP6492_FACTORIES: otherFactory,
+    });
+    const unlisted = await startServer({ X402_BASE_RPC_URL: anvil.url });
+    const counterfactual = asSmartWallet(owner, wallet.address, wallet.wrap);
+
+    const accepted = await balanceCall(trusting, counterfactual);
+    expect(accepted.status, JSON.stringify(accepted.body)).toBe(200);
+    expect(accepted.body.data).toMatchObject({ walletAddress: getAddress(wallet.address) });
+    // Verification simulated the factory; it did not deploy the wallet.
+    expect(await code()).toBe('0x');
+
+    const stranger = privateKeyToAccount(generatePrivateKey());
+    const forged = await balanceCall(trusting, asSmartWallet(stranger, wallet.address, wallet.wrap));
+    expect(forged.status).toBe(401);
+    expect(forged.body.code).toBe('X402_SIGN_IN_INVALID_SIGNATURE');
+
+    for (const base of [untrusting, unlisted]) {
+      const refused = await balanceCall(base, counterfactual);
+      expect(refused.status).toBe(401);
+      expect(refused.body.code).toBe('X402_SIGN_IN_FACTORY_NOT_ALLOWED');
+    }
+    // An unwrapped signature for a wallet that does not exist yet is no proof.
+    const bare = await balanceCall(trusting, asSmartWallet(owner, wallet.address));
+    expect(bare.body.code).toBe('X402_SIGN_IN_INVALID_SIGNATURE');
+    expect(await code()).toBe('0x');
+
+    // Deployed (by anyone, through the factory): the same wallet signs in with plain EIP-1271, and a
+    // still-wrapped signature no longer needs a trusted factory.
+    await wallet.deploy(ANVIL_PRIVATE_KEYS[2]);
+    expect((await code()).length).toBeGreaterThan(4);
+    for (const base of [trusting, unlisted]) {
+      expect((await balanceCall(base, asSmartWallet(owner, wallet.address))).status).toBe(200);
+      expect((await balanceCall(base, counterfactual)).status).toBe(200);
+    }
+    expect((await balanceCall(unlisted, asSmartWallet(stranger, wallet.address))).body.code).toBe(
+      'X402_SIGN_IN_INVALID_SIGNATURE',
+    );
   });
 });

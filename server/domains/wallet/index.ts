@@ -5,7 +5,6 @@
  */
 import type { Request } from 'express';
 import type { Logger } from 'pino';
-import { createPublicClient, http } from 'viem';
 import type { Config } from '../../config.ts';
 import type { Principal, WalletPrincipal } from '../../http/auth.ts';
 import type { ReplyHeaders } from '../../http/contract.ts';
@@ -16,6 +15,7 @@ import { createEip3009Chain } from '../../providers/x402/evm-authorizations.ts';
 import type { Facilitator } from '../../providers/x402/facilitator.ts';
 import { createHttpFacilitator } from '../../providers/x402/http.ts';
 import { createInProcessFacilitator } from '../../providers/x402/in-process.ts';
+import { createSmartWalletVerifier } from '../../providers/x402/smart-wallet-verifier.ts';
 import type { AccountsRepository } from '../../storage/accounts.ts';
 import type { Database } from '../../storage/database.ts';
 import type { InsufficientBalanceError } from '../../storage/errors.ts';
@@ -107,13 +107,15 @@ export function createWalletDomain(deps: WalletDomainDeps) {
       : undefined;
   const nonces = createSiwxNonces(deps.database);
   const slots = createWalletSlots(deps.database);
-  const baseClient = config.x402.baseRpcUrl
-    ? createPublicClient({ transport: http(config.x402.baseRpcUrl, { timeout: 10_000, retryCount: 1 }) })
-    : undefined;
   const verifier = createSiwxVerifier({
     publicOrigin: config.publicOrigin,
     consumeNonce: (input) => nonces.consume(input),
-    smartWalletVerifier: baseClient ? (args) => baseClient.verifyMessage(args) : undefined,
+    smartWalletVerifier: config.x402.baseRpcUrl
+      ? createSmartWalletVerifier({
+          rpcUrl: config.x402.baseRpcUrl,
+          allowedFactories: config.x402.eip6492Factories,
+        })
+      : undefined,
     now: deps.now,
   });
 

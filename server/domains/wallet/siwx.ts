@@ -47,6 +47,7 @@ export type SiwxCode =
   | 'INVALID_SIGNATURE'
   | 'INVALID_WALLET'
   | 'NONCE_REUSED'
+  | 'FACTORY_NOT_ALLOWED'
   | 'VERIFIER_UNAVAILABLE';
 
 /** A refused proof: 401 with `code: X402_SIGN_IN_<code>`. */
@@ -64,12 +65,15 @@ export type VerifiedSignIn = {
   nonce: string;
 };
 
-/** Checks a signature that offline ECDSA recovery did not accept (EIP-1271 / EIP-6492 smart wallets). */
+/**
+ * Checks a signature that offline ECDSA recovery did not accept (EIP-1271 / EIP-6492 smart wallets);
+ * `factory-not-allowed` for a counterfactual wallet whose ERC-6492 factory is not trusted.
+ */
 export type EvmSmartWalletVerifier = (args: {
   address: `0x${string}`;
   message: string;
   signature: `0x${string}`;
-}) => Promise<boolean>;
+}) => Promise<'valid' | 'invalid' | 'factory-not-allowed'>;
 
 export type SiwxVerifierDeps = {
   publicOrigin: string;
@@ -350,9 +354,9 @@ export function createSiwxVerifier(deps: SiwxVerifierDeps) {
     const offline = await verifyMessage(args).catch(() => false);
     if (offline) return;
     if (deps.smartWalletVerifier) {
-      let valid: boolean;
+      let verdict: Awaited<ReturnType<EvmSmartWalletVerifier>>;
       try {
-        valid = await deps.smartWalletVerifier(args);
+        verdict = await deps.smartWalletVerifier(args);
       } catch (cause) {
         if (isTransportFailure(cause)) {
           throw signInError(
@@ -361,9 +365,15 @@ export function createSiwxVerifier(deps: SiwxVerifierDeps) {
             cause,
           );
         }
-        valid = false;
+        verdict = 'invalid';
       }
-      if (valid) return;
+      if (verdict === 'valid') return;
+      if (verdict === 'factory-not-allowed') {
+        throw signInError(
+          'FACTORY_NOT_ALLOWED',
+          'The wallet is not deployed and its ERC-6492 factory is not one this service trusts',
+        );
+      }
     }
     throw signInError('INVALID_SIGNATURE', 'The signature does not match the wallet');
   }

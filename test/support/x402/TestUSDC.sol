@@ -159,3 +159,17 @@ contract TestSmartWallet {
         return ecrecover(hash, v, r, s) == owner ? bytes4(0x1626ba7e) : bytes4(0xffffffff);
     }
 }
+
+/// An ERC-6492 factory for the test wallet: deploys it with CREATE2, so its address is known before it exists.
+contract TestSmartWalletFactory {
+    function deploy(address owner, bytes32 salt) external returns (address wallet) {
+        address predicted = addressOf(owner, salt);
+        if (predicted.code.length > 0) return predicted;
+        wallet = address(new TestSmartWallet{salt: salt}(owner));
+    }
+
+    function addressOf(address owner, bytes32 salt) public view returns (address) {
+        bytes32 codeHash = keccak256(abi.encodePacked(type(TestSmartWallet).creationCode, abi.encode(owner)));
+        return address(uint160(uint256(keccak256(abi.encodePacked(bytes1(0xff), address(this), salt, codeHash)))));
+    }
+}

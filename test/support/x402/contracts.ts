@@ -1,7 +1,7 @@
 /**
  * The test contracts, compiled with `solc` from npm (wasm, nothing downloaded) and placed on a test node:
  * the EIP-3009 USDC stand-in at the real Base USDC address (so stock x402 clients accept it as USDC), and an
- * EIP-1271 smart wallet.
+ * EIP-1271 smart wallet with its ERC-6492 (CREATE2) factory.
  */
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -11,10 +11,12 @@ import {
   type Abi,
   createPublicClient,
   createWalletClient,
+  encodeFunctionData,
   type Hex,
   http,
   parseAbi,
   publicActions,
+  serializeErc6492Signature,
 } from 'viem';
 import { privateKeyToAccount } from 'viem/accounts';
 import { base } from 'viem/chains';
@@ -118,4 +120,50 @@ export async function deploySmartWallet(url: string, deployerKey: Hex, owner: He
   const receipt = await client.waitForTransactionReceipt({ hash });
   if (!receipt.contractAddress) throw new Error('smart wallet not deployed');
   return receipt.contractAddress;
+}
+
+const FACTORY_ABI = parseAbi([
+  'function deploy(address owner, bytes32 salt) returns (address)',
+  'function addressOf(address owner, bytes32 salt) view returns (address)',
+]);
+
+/** Deploys the ERC-6492 wallet factory; returns its address. */
+export async function deployWalletFactory(url: string, deployerKey: Hex): Promise<Hex> {
+  const factory = compileTestContracts().TestSmartWalletFactory;
+  if (!factory) throw new Error('TestSmartWalletFactory did not compile');
+  const client = testClient(url, deployerKey);
+  const hash = await client.deployContract({ abi: factory.abi, bytecode: factory.bytecode });
+  const receipt = await client.waitForTransactionReceipt({ hash });
+  if (!receipt.contractAddress) throw new Error('wallet factory not deployed');
+  return receipt.contractAddress;
+}
+
+/** A wallet that does not exist yet: its CREATE2 address and the factory call that would deploy it. */
+export async function counterfactualWallet(url: string, factory: Hex, owner: Hex, salt: Hex) {
+  const client = createPublicClient({ chain: base, transport: http(url) });
+  const address = await client.readContract({
+    address: factory,
+    abi: FACTORY_ABI,
+    functionName: 'addressOf',
+    args: [owner, salt],
+  });
+  const factoryCalldata = encodeFunctionData({
+    abi: FACTORY_ABI,
+    functionName: 'deploy',
+    args: [owner, salt],
+  });
+  return {
+    address,
+    factory,
+    factoryCalldata,
+    /** Wraps the owner's signature as ERC-6492: (factory, factoryCalldata, signature) ++ magic suffix. */
+    wrap: (signature: Hex) =>
+      serializeErc6492Signature({ address: factory, data: factoryCalldata, signature }),
+    /** Deploys it through the factory (as anyone may). */
+    async deploy(deployerKey: Hex) {
+      const wallet = testClient(url, deployerKey);
+      const hash = await wallet.sendTransaction({ to: factory, data: factoryCalldata });
+      await wallet.waitForTransactionReceipt({ hash });
+    },
+  };
 }
