@@ -3,12 +3,17 @@
  * RPC to ask the wallet contract, refused (offline EOA check only) without one, and refused when the signer is
  * not the wallet's owner. ERC-6492 (counterfactual, deployed later by a CREATE2 factory): accepted when the
  * factory is in `X402_EIP6492_FACTORIES`, without deploying the wallet; refused with a wrong inner signature or
- * an untrusted factory; once deployed, the same wallet signs in with plain EIP-1271.
+ * an untrusted factory; once deployed, the same wallet signs in with plain EIP-1271. The same allow-list governs
+ * payments: a counterfactual payer tops up only through a listed factory (the facilitator deploys it).
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { encodePaymentSignatureHeader } from '@x402/core/http';
+import type { PaymentRequired } from '@x402/core/types';
+import { ExactEvmScheme } from '@x402/evm/exact/client';
+import { x402Client } from '@x402/fetch';
 import { pino } from 'pino';
 import { getAddress, type Hex, type LocalAccount, toHex } from 'viem';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
@@ -18,7 +23,14 @@ import { loadConfig } from '../../server/config.ts';
 import { createServices } from '../../server/services.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
 import { withCoverage } from '../support/coverage.ts';
-import { counterfactualWallet, deploySmartWallet, deployWalletFactory } from '../support/x402/contracts.ts';
+import {
+  counterfactualWallet,
+  deploySmartWallet,
+  deployWalletFactory,
+  installTestUsdc,
+  mintUsdc,
+  usdcBalance,
+} from '../support/x402/contracts.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-smart-'));
@@ -67,6 +79,7 @@ async function balanceCall(base: string, account: LocalAccount) {
 
 beforeAll(async () => {
   anvil = await startAnvil({ chainId: 8453 });
+  await installTestUsdc(anvil.rpc);
 });
 
 afterAll(async () => {
@@ -75,7 +88,7 @@ afterAll(async () => {
   rmSync(scratch, { recursive: true, force: true });
 });
 
-describe('Sign-In-With-X from an EIP-1271 smart wallet', () => {
+describe('Smart wallets (EIP-1271, ERC-6492): sign-in and payment', () => {
   test('behavior: accepted through the Base RPC; refused without it, and refused for a non-owner', async () => {
     const owner = privateKeyToAccount(generatePrivateKey());
     const wallet = await deploySmartWallet(anvil.url, ANVIL_PRIVATE_KEYS[0], owner.address);
@@ -151,5 +164,57 @@ describe('Sign-In-With-X from an EIP-1271 smart wallet', () => {
     expect((await balanceCall(unlisted, asSmartWallet(stranger, wallet.address))).body.code).toBe(
       'X402_SIGN_IN_INVALID_SIGNATURE',
     );
+  });
+
+  test('behavior: X402_EIP6492_FACTORIES for payments: a counterfactual payer of a listed factory tops up (deployed by the facilitator); of an unlisted one it is refused', async () => {
+    const factory = await deployWalletFactory(anvil.url, ANVIL_PRIVATE_KEYS[0]);
+    const payTo = privateKeyToAccount(generatePrivateKey()).address;
+    const env = {
+      X402_BASE_RPC_URL: anvil.url,
+      X402_FACILITATOR_PRIVATE_KEY: ANVIL_PRIVATE_KEYS[3],
+      X402_PAY_TO_BASE: payTo,
+    };
+    const listed = await startServer({ ...env, X402_EIP6492_FACTORIES: factory });
+    const unlisted = await startServer(env);
+    const owner = privateKeyToAccount(generatePrivateKey());
+    const wallet = await counterfactualWallet(anvil.url, factory, owner.address, toHex(11n, { size: 32 }));
+    await mintUsdc(anvil.url, ANVIL_PRIVATE_KEYS[1], wallet.address, 20_000_000n);
+    // The wallet's signer: the owner signs the EIP-3009 typed data, sent ERC-6492-wrapped as the wallet.
+    const signer = {
+      address: wallet.address,
+      signTypedData: async (typedData: Parameters<typeof owner.signTypedData>[0]) =>
+        wallet.wrap(await owner.signTypedData(typedData)),
+    };
+    const topUp = async (base: string, headers: Record<string, string> = {}) => {
+      const response = await fetch(`${base}/x402/top-up`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', ...headers },
+        body: JSON.stringify({ amountUsd: 5 }),
+      });
+      return { status: response.status, body: (await response.json()) as Record<string, unknown> };
+    };
+    const pay = async (base: string) => {
+      const offer = await topUp(base);
+      expect(offer.status).toBe(402);
+      const client = new x402Client()
+        .register('eip155:8453', new ExactEvmScheme(signer as never))
+        .setSpendControls({ maxAmountPerPayment: '$100' });
+      const payload = await client.createPaymentPayload(offer.body as unknown as PaymentRequired);
+      return topUp(base, { 'PAYMENT-SIGNATURE': encodePaymentSignatureHeader(payload) });
+    };
+
+    const refused = await pay(unlisted);
+    expect(refused.status).toBe(400);
+    expect(refused.body.code).toBe('PAYMENT_VERIFICATION_FAILED');
+    expect(String(refused.body.error)).toContain('factory');
+    expect(await anvil.rpc<string>('eth_getCode', [wallet.address, 'latest'])).toBe('0x');
+    expect(await usdcBalance(anvil.url, wallet.address)).toBe(20_000_000n);
+
+    const paid = await pay(listed);
+    expect(paid.status, JSON.stringify(paid.body)).toBe(200);
+    expect(paid.body.data).toMatchObject({ walletAddress: getAddress(wallet.address), amountCredited: 5 });
+    expect((await anvil.rpc<string>('eth_getCode', [wallet.address, 'latest'])).length).toBeGreaterThan(4);
+    expect(await usdcBalance(anvil.url, wallet.address)).toBe(15_000_000n);
+    expect(await usdcBalance(anvil.url, payTo)).toBe(5_000_000n);
   });
 });

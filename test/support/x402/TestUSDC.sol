@@ -74,8 +74,14 @@ contract TestUSDC {
         bytes32 s
     ) external {
         bytes32 digest = _authorize(from, to, value, validAfter, validBefore, nonce);
-        address signer = ecrecover(digest, v, r, s);
-        require(signer != address(0) && signer == from, "FiatTokenV2: invalid signature");
+        if (from.code.length > 0) {
+            // As FiatToken v2.2 (SignatureChecker): a contract signer is asked through EIP-1271.
+            bytes memory packed = abi.encodePacked(r, s, v);
+            require(IERC1271(from).isValidSignature(digest, packed) == 0x1626ba7e, "FiatTokenV2: invalid signature");
+        } else {
+            address signer = ecrecover(digest, v, r, s);
+            require(signer != address(0) && signer == from, "FiatTokenV2: invalid signature");
+        }
         _use(from, to, value, nonce);
     }
 
@@ -171,5 +177,28 @@ contract TestSmartWalletFactory {
     function addressOf(address owner, bytes32 salt) public view returns (address) {
         bytes32 codeHash = keccak256(abi.encodePacked(type(TestSmartWallet).creationCode, abi.encode(owner)));
         return address(uint160(uint256(keccak256(abi.encodePacked(bytes1(0xff), address(this), salt, codeHash)))));
+    }
+}
+
+/// The `tryAggregate` of Multicall3 (deployed on Base at 0xcA11bde05977b3631167028862bE2a173976CA11), which the
+/// x402 facilitator uses to simulate a counterfactual payer's deployment and transfer in one call.
+contract TestMulticall3 {
+    struct Call {
+        address target;
+        bytes callData;
+    }
+
+    struct Result {
+        bool success;
+        bytes returnData;
+    }
+
+    function tryAggregate(bool requireSuccess, Call[] calldata calls) public payable returns (Result[] memory returnData) {
+        returnData = new Result[](calls.length);
+        for (uint256 i = 0; i < calls.length; i++) {
+            (bool success, bytes memory ret) = calls[i].target.call(calls[i].callData);
+            if (requireSuccess) require(success, "Multicall3: call failed");
+            returnData[i] = Result(success, ret);
+        }
     }
 }

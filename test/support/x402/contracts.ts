@@ -1,7 +1,7 @@
 /**
  * The test contracts, compiled with `solc` from npm (wasm, nothing downloaded) and placed on a test node:
  * the EIP-3009 USDC stand-in at the real Base USDC address (so stock x402 clients accept it as USDC), and an
- * EIP-1271 smart wallet with its ERC-6492 (CREATE2) factory.
+ * EIP-1271 smart wallet with its ERC-6492 (CREATE2) factory, and Multicall3's `tryAggregate` where Base has it.
  */
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -79,11 +79,14 @@ export function compileTestContracts(): Record<string, Compiled> {
 
 type Rpc = <T = unknown>(method: string, params?: unknown[]) => Promise<T>;
 
-/** Puts the test USDC at the Base USDC address of an anvil node. */
+export const MULTICALL3 = '0xcA11bde05977b3631167028862bE2a173976CA11' as const;
+
+/** Puts the test USDC at the Base USDC address of an anvil node, and Multicall3 where Base has it. */
 export async function installTestUsdc(rpc: Rpc): Promise<void> {
-  const usdc = compileTestContracts().TestUSDC;
-  if (!usdc) throw new Error('TestUSDC did not compile');
+  const { TestUSDC: usdc, TestMulticall3: multicall } = compileTestContracts();
+  if (!usdc || !multicall) throw new Error('TestUSDC.sol did not compile');
   await rpc('anvil_setCode', [BASE_USDC, usdc.deployedBytecode]);
+  await rpc('anvil_setCode', [MULTICALL3, multicall.deployedBytecode]);
 }
 
 /** A viem client for the node, signing with `privateKey`. */
