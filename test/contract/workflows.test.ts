@@ -32,6 +32,13 @@ describe('workflows against the mock', () => {
       inputs: {
         apiKey: 'svc_inference_mockmockmockmockmockmockmockmockmockmockmock',
         idempotencyKey: 'mock-1',
+        // The wallet journey's signed values: the mock accepts any credential and any payment header.
+        wallet: '0x5268B7a3c9D1e2F4a6B8c0D2e4F6a8B0c2D43999',
+        payment: Buffer.from('{"x402Version":2}').toString('base64'),
+        signInBalance: 'mock-sign-in',
+        signInChat: 'mock-sign-in',
+        signInTransactions: 'mock-sign-in',
+        signInBalanceAfter: 'mock-sign-in',
       },
       severity: { SUCCESS_CRITERIA_CHECK: 'warn' },
     });
