@@ -32,6 +32,7 @@ const variables = z.object({
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   CORS_ORIGINS: z.string().default('*'),
   SHUTDOWN_GRACE_MS: z.coerce.number().int().min(0).max(600_000).default(10_000),
+  WORKERS: z.coerce.number().int().min(1).max(64).default(1),
   SERVICE_HOST_NAME: z.string().min(1).default(hostname()),
   SERVICE_COLO: z
     .string()
@@ -115,6 +116,8 @@ const schema = variables.transform((env) => ({
     .map((o) => o.trim())
     .filter(Boolean),
   shutdownGraceMs: env.SHUTDOWN_GRACE_MS,
+  /** Worker processes `main.ts` forks on this machine (node:cluster); 1 runs the server in this process. */
+  workers: env.WORKERS,
   hostName: env.SERVICE_HOST_NAME,
   colo: env.SERVICE_COLO,
   reservationTtlMs: env.RESERVATION_TTL_MS,

@@ -1,14 +1,18 @@
 /**
  * The server's only impure entry: read the environment, build the services, bootstrap, listen, prove the
- * contract loaded with a smoke request, and drain gracefully on SIGTERM/SIGINT.
+ * contract loaded with a smoke request, and drain gracefully on SIGTERM/SIGINT. With `WORKERS` > 1 this
+ * process becomes the primary of a `node:cluster` (`cluster.ts`): it migrates and bootstraps once, then forks
+ * that many workers, each of which runs the rest of this file.
  */
+import cluster from 'node:cluster';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { pino } from 'pino';
 import { createApp } from './app.ts';
 import { bootstrap } from './bootstrap.ts';
+import { superviseWorkers } from './cluster.ts';
 import { type Config, ConfigError, loadConfig } from './config.ts';
-import { createServices } from './services.ts';
+import { createServices, type Services } from './services.ts';
 
 /** Paths pino never writes: credentials in headers and secrets in objects. */
 export const REDACT = [
@@ -36,6 +40,7 @@ try {
 }
 
 const logger = pino({ level: config.logLevel, redact: { paths: REDACT, censor: '[redacted]' } });
+const primary = cluster.isPrimary && config.workers > 1;
 const services = await createServices(config, logger).catch((error: unknown) => {
   logger.fatal({ err: error }, 'start-up failed');
   process.exit(1);
@@ -58,76 +63,90 @@ if (boot.action === 'generated-key') {
   );
 }
 
-const app = createApp(services.app);
-const server: Server = createServer(app);
-server.listen(config.port, config.host);
-await new Promise<void>((resolve, reject) => {
-  server.once('listening', resolve);
-  server.once('error', reject);
-}).catch(async (error: unknown) => {
-  logger.fatal({ err: error }, 'cannot listen');
+if (primary) {
+  // Migrations and the first-start bootstrap ran once, here; the workers find both done.
   await services.close();
-  process.exit(1);
-});
-const { port } = server.address() as AddressInfo;
-const localHost = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
-const base = `http://${localHost.includes(':') ? `[${localHost}]` : localHost}:${port}`;
+  superviseWorkers({ workers: config.workers, shutdownGraceMs: config.shutdownGraceMs, logger });
+} else await serve(services);
 
-// express-openapi-validator loads the spec lazily and would fail every request if it could not: prove it now.
-const smoke = await fetch(`${base}/api/v1/models`).catch((error: unknown) => error);
-if (!(smoke instanceof Response) || smoke.status !== 200) {
-  logger.fatal({ status: smoke instanceof Response ? smoke.status : String(smoke) }, 'smoke request failed');
-  server.close();
-  await services.close();
-  process.exit(1);
+async function serve(services: Services) {
+  const app = createApp(services.app);
+  const server: Server = createServer(app);
+  server.listen(config.port, config.host);
+  await new Promise<void>((resolve, reject) => {
+    server.once('listening', resolve);
+    server.once('error', reject);
+  }).catch(async (error: unknown) => {
+    logger.fatal({ err: error }, 'cannot listen');
+    await services.close();
+    process.exit(1);
+  });
+  const { port } = server.address() as AddressInfo;
+  const localHost = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host;
+  const base = `http://${localHost.includes(':') ? `[${localHost}]` : localHost}:${port}`;
+
+  // express-openapi-validator loads the spec lazily and would fail every request if it could not: prove it now.
+  const smoke = await fetch(`${base}/api/v1/models`).catch((error: unknown) => error);
+  if (!(smoke instanceof Response) || smoke.status !== 200) {
+    logger.fatal(
+      { status: smoke instanceof Response ? smoke.status : String(smoke) },
+      'smoke request failed',
+    );
+    server.close();
+    await services.close();
+    process.exit(1);
+  }
+  // The video worker: any number of instances may run one; each job is claimed by exactly one of them.
+  if (config.video.workerEnabled) services.video.worker.start();
+
+  logger.info(
+    { url: `${base}/api/v1`, docs: `${base}/docs`, database: services.database.dialect },
+    'listening',
+  );
+
+  // Housekeeping every minute: reservations of requests that never finished (a crash) are released when they
+  // expire; rate-limit windows older than a day, refusal-log entries older than 30 days and expired idempotency
+  // records are dropped.
+  // The first sweep runs at start: a restart after a crash releases what the dead process left held.
+  const sweepOnce = () => {
+    const now = Date.now();
+    Promise.all([
+      services.ledger.expireReservations(now),
+      services.rateLimits.prune(now - 2 * 86_400_000),
+      services.rateLimits.pruneEvents(now - 30 * 86_400_000),
+      services.idempotency.prune(now),
+      services.rpc.credits.prune(now - 2 * 86_400_000),
+    ])
+      .then(([released]) =>
+        released > 0 ? logger.info({ released }, 'expired reservations released') : undefined,
+      )
+      .catch((error: unknown) => logger.error({ err: error }, 'sweep failed'));
+  };
+  sweepOnce();
+  const sweep = setInterval(sweepOnce, 60_000);
+  sweep.unref();
+
+  let stopping = false;
+  async function shutdown(signal: string) {
+    if (stopping) return;
+    stopping = true;
+    logger.info({ signal }, 'draining');
+    clearInterval(sweep);
+    const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+    server.closeIdleConnections();
+    const timer = setTimeout(() => {
+      logger.warn('grace period over: closing remaining connections');
+      server.closeAllConnections();
+    }, config.shutdownGraceMs);
+    timer.unref();
+    await closed;
+    clearTimeout(timer);
+    // Jobs in hand go back to the queue for another instance (services.close() also stops the worker).
+    await services.video.worker.stop();
+    await services.close();
+    logger.info('stopped');
+    process.exit(0);
+  }
+  process.on('SIGTERM', () => void shutdown('SIGTERM'));
+  process.on('SIGINT', () => void shutdown('SIGINT'));
 }
-// The video worker: any number of instances may run one; each job is claimed by exactly one of them.
-if (config.video.workerEnabled) services.video.worker.start();
-
-logger.info(
-  { url: `${base}/api/v1`, docs: `${base}/docs`, database: services.database.dialect },
-  'listening',
-);
-
-// Housekeeping every minute: reservations of requests that never finished (a crash) are released when they
-// expire; rate-limit windows older than a day, refusal-log entries older than 30 days and expired idempotency
-// records are dropped.
-const sweep = setInterval(() => {
-  const now = Date.now();
-  Promise.all([
-    services.ledger.expireReservations(now),
-    services.rateLimits.prune(now - 2 * 86_400_000),
-    services.rateLimits.pruneEvents(now - 30 * 86_400_000),
-    services.idempotency.prune(now),
-    services.rpc.credits.prune(now - 2 * 86_400_000),
-  ])
-    .then(([released]) =>
-      released > 0 ? logger.info({ released }, 'expired reservations released') : undefined,
-    )
-    .catch((error: unknown) => logger.error({ err: error }, 'sweep failed'));
-}, 60_000);
-sweep.unref();
-
-let stopping = false;
-async function shutdown(signal: string) {
-  if (stopping) return;
-  stopping = true;
-  logger.info({ signal }, 'draining');
-  clearInterval(sweep);
-  const closed = new Promise<void>((resolve) => server.close(() => resolve()));
-  server.closeIdleConnections();
-  const timer = setTimeout(() => {
-    logger.warn('grace period over: closing remaining connections');
-    server.closeAllConnections();
-  }, config.shutdownGraceMs);
-  timer.unref();
-  await closed;
-  clearTimeout(timer);
-  // Jobs in hand go back to the queue for another instance (services.close() also stops the worker).
-  await services.video.worker.stop();
-  await services.close();
-  logger.info('stopped');
-  process.exit(0);
-}
-process.on('SIGTERM', () => void shutdown('SIGTERM'));
-process.on('SIGINT', () => void shutdown('SIGINT'));
