@@ -409,6 +409,45 @@ describe.each(engines)('storage on %s', (engine, open) => {
       expect((await ledger.getBalance(thief.id)).usdNano).toBe(0n);
       await expectConsistent(account.id);
     });
+
+    test('behavior: onRecorded runs in the credit transaction: if it fails, nothing is credited; a repeat sees the first entry', async () => {
+      const account = await accounts.createApiAccount();
+      const payment = { network: 'eip155:8453', txHash: `0x${'cd'.repeat(32)}` };
+      await expect(
+        ledger.topUp({
+          accountId: account.id,
+          amountNano: 5n * USD,
+          ...payment,
+          onRecorded: async () => {
+            throw new Error('the payment row could not be updated');
+          },
+        }),
+      ).rejects.toThrow('the payment row could not be updated');
+      expect(await ledger.listEntries(account.id)).toHaveLength(0);
+      expect((await ledger.getBalance(account.id)).usdNano).toBe(0n);
+
+      const seen: string[] = [];
+      for (let i = 0; i < 2; i++) {
+        const { entry, credited } = await ledger.topUp({
+          accountId: account.id,
+          amountNano: 5n * USD,
+          ...payment,
+          onRecorded: async (executor, recorded) => {
+            // Inside the transaction: the entry is visible through the executor it is given.
+            const row = await executor
+              .selectFrom('ledger_entries')
+              .select('id')
+              .where('id', '=', recorded.id)
+              .executeTakeFirst();
+            seen.push(row?.id ?? 'missing');
+          },
+        });
+        expect(credited).toBe(i === 0);
+        expect(seen[i]).toBe(entry.id);
+      }
+      expect((await ledger.getBalance(account.id)).usdNano).toBe(5n * USD);
+      await expectConsistent(account.id);
+    });
   });
 
   describe('reserve, capture, release', () => {

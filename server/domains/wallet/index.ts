@@ -16,6 +16,7 @@ import type { Facilitator } from '../../providers/x402/facilitator.ts';
 import { createHttpFacilitator } from '../../providers/x402/http.ts';
 import { createInProcessFacilitator } from '../../providers/x402/in-process.ts';
 import { createSmartWalletVerifier } from '../../providers/x402/smart-wallet-verifier.ts';
+import { createSolanaChain } from '../../providers/x402/solana-status.ts';
 import type { AccountsRepository } from '../../storage/accounts.ts';
 import type { Database } from '../../storage/database.ts';
 import type { InsufficientBalanceError } from '../../storage/errors.ts';
@@ -81,6 +82,7 @@ function configuredFacilitator(config: Config, database: Database): Facilitator 
     verify: async (payload, requirements) => (await get()).verify(payload, requirements),
     settle: async (payload, requirements) => (await get()).settle(payload, requirements),
     supported: async () => (await get()).supported(),
+    transactionId: async (payload, requirements) => (await get()).transactionId?.(payload, requirements),
   };
 }
 
@@ -103,6 +105,7 @@ export function createWalletDomain(deps: WalletDomainDeps) {
           discovery,
           logger: deps.logger,
           chain: config.x402.baseRpcUrl ? createEip3009Chain(config.x402.baseRpcUrl) : undefined,
+          solana: config.x402.solanaRpcUrl ? createSolanaChain(config.x402.solanaRpcUrl) : undefined,
         })
       : undefined;
   const nonces = createSiwxNonces(deps.database);

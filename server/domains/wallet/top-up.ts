@@ -21,6 +21,7 @@ import type {
   SettleResponse,
 } from '../../providers/x402/facilitator.ts';
 import { feePayerOf } from '../../providers/x402/facilitator.ts';
+import { type SolanaChain, transactionBlockhash } from '../../providers/x402/solana-status.ts';
 import type { AccountsRepository } from '../../storage/accounts.ts';
 import type { LedgerRepository } from '../../storage/ledger.ts';
 import type { X402PaymentsRepository } from '../../storage/x402-payments.ts';
@@ -39,6 +40,8 @@ export type TopUpDeps = {
   logger: Logger;
   /** The Base node the reconciler asks about EIP-3009 authorizations; without it, Base payments are re-settled. */
   chain?: Eip3009Chain | undefined;
+  /** The Solana node the reconciler asks about settlement transactions (with the facilitator's `transactionId`). */
+  solana?: SolanaChain | undefined;
 };
 
 export type TopUpOutcome =
@@ -405,9 +408,51 @@ export function createTopUpService(deps: TopUpDeps) {
     return 'pending';
   }
 
+  /** A Solana payment by the id its transaction has (or would have): landed, failed, or expired unsent. */
+  async function reconcileFromSolana(
+    row: Row,
+    solana: SolanaChain,
+    transactionId: string,
+    transaction: string,
+  ): Promise<'credited' | 'pending' | 'failed'> {
+    const status = await solana.status(transactionId);
+    if (status === 'confirmed') {
+      await credit({
+        key: row.paymentKey,
+        network: row.network,
+        payer: row.payer,
+        amountNano: row.amountNano,
+        settle: {
+          success: true,
+          transaction: transactionId,
+          network: row.network as never,
+          payer: row.payer,
+        },
+      });
+      return 'credited';
+    }
+    if (status === 'failed') {
+      // A failed Solana transaction moves nothing but its fee (ours).
+      await payments.markFailed(row.paymentKey, 'transaction failed on chain');
+      return 'failed';
+    }
+    if (status === 'unknown' && !(await solana.blockhashValid(transactionBlockhash(transaction)))) {
+      await payments.markFailed(row.paymentKey, 'transaction expired unsent (blockhash no longer valid)');
+      return 'failed';
+    }
+    await payments.markPending(row.paymentKey, transactionId, row.error ?? 'not confirmed yet');
+    return 'pending';
+  }
+
   async function reconcileOne(row: Row): Promise<'credited' | 'pending' | 'failed'> {
     const authorization = authorizationOf(row);
     if (authorization && deps.chain) return reconcileFromChain(row, deps.chain, authorization);
+    const payload = row.payload as PaymentPayload;
+    const transaction = (payload.payload as { transaction?: unknown }).transaction;
+    if (row.network.startsWith('solana:') && deps.solana && typeof transaction === 'string') {
+      const id = await facilitator.transactionId?.(payload, row.requirements as PaymentRequirements);
+      if (id) return reconcileFromSolana(row, deps.solana, id, transaction);
+    }
     const result = await settleClaimed(
       row.paymentKey,
       row.payload as PaymentPayload,
@@ -500,9 +545,12 @@ export function createTopUpService(deps: TopUpDeps) {
      * its `validBefore`, it can never move: the payment fails, nothing credited. If it is unused and still valid
      * (the transaction may be waiting in a mempool), the payment stays pending and is looked at again next time;
      * it is not submitted again, because a second submission racing the first would revert and read as a
-     * failure. Other payments (Solana, or Base without an RPC) are settled again through the facilitator, which
-     * answers for a transaction it broadcast before; a payment whose outcome is unknown is kept pending, never
-     * marked failed on a guess.
+     * failure. A Solana payment is looked up by its transaction id (the fee payer's deterministic signature,
+     * from an in-process facilitator) through `X402_SOLANA_RPC_URL`: confirmed is credited once, failed on chain
+     * fails, unknown with an expired blockhash fails (it can never land), anything else stays pending. Other
+     * payments (Base without an RPC, a facilitator over HTTP) are settled again through the facilitator, which
+     * answers for a transaction it broadcast before; a payment whose outcome is still unknown is kept pending,
+     * never marked failed on a guess.
      */
     async reconcile(at?: number): Promise<{ credited: number; pending: number; failed: number }> {
       const counts = { credited: 0, pending: 0, failed: 0 };

@@ -24,6 +24,12 @@ export type Facilitator = {
   settle(payload: PaymentPayload, requirements: PaymentRequirements): Promise<SettleResponse>;
   /** The networks and schemes it handles; Solana kinds carry `extra.feePayer`. */
   supported(): Promise<SupportedResponse>;
+  /**
+   * The id the network knows (or will know) the payment's transaction by, sent or not, when this facilitator
+   * can tell without sending anything (Solana: the fee payer's ed25519 signature, which is deterministic).
+   * Lets the reconciler look a payment up on chain after a crash; undefined when it cannot tell.
+   */
+  transactionId?(payload: PaymentPayload, requirements: PaymentRequirements): Promise<string | undefined>;
 };
 
 /** The Solana fee payer a facilitator advertises for a network, if any. */

@@ -6,12 +6,18 @@
  * the same payload, on any process, reconciles instead of broadcasting again.
  */
 
-import { createKeyPairSignerFromBytes } from '@solana/kit';
+import {
+  createKeyPairSignerFromBytes,
+  getBase64Encoder,
+  getTransactionDecoder,
+  type KeyPairSigner,
+  signBytes,
+} from '@solana/kit';
 import { type PendingSettlementStore, x402Facilitator } from '@x402/core/facilitator';
 import type { Network } from '@x402/core/types';
 import { toFacilitatorEvmSigner } from '@x402/evm';
 import { ExactEvmScheme } from '@x402/evm/exact/facilitator';
-import { decodeBase58 } from '@x402/extensions/sign-in-with-x';
+import { decodeBase58, encodeBase58 } from '@x402/extensions/sign-in-with-x';
 import { toFacilitatorSvmSigner } from '@x402/svm';
 import { ExactSvmScheme } from '@x402/svm/exact/facilitator';
 import { createWalletClient, http, publicActions } from 'viem';
@@ -59,14 +65,36 @@ export async function createInProcessFacilitator(options: InProcessFacilitatorOp
       }),
     );
   }
+  let feePayer: KeyPairSigner | undefined;
   if (options.solana) {
-    const keyPair = await createKeyPairSignerFromBytes(decodeBase58(options.solana.secretKeyBase58));
-    const signer = toFacilitatorSvmSigner(keyPair, { defaultRpcUrl: options.solana.rpcUrl });
+    feePayer = await createKeyPairSignerFromBytes(decodeBase58(options.solana.secretKeyBase58));
+    const signer = toFacilitatorSvmSigner(feePayer, { defaultRpcUrl: options.solana.rpcUrl });
     facilitator.register(SOLANA_NETWORK as Network, new ExactSvmScheme(signer));
   }
   return {
     verify: (payload, requirements) => facilitator.verify(payload, requirements),
     settle: (payload, requirements) => facilitator.settle(payload, requirements),
     supported: async () => facilitator.getSupported() as Awaited<ReturnType<Facilitator['supported']>>,
+    async transactionId(payload) {
+      const transaction = (payload.payload as { transaction?: unknown }).transaction;
+      if (!feePayer || payload.accepted.network !== SOLANA_NETWORK || typeof transaction !== 'string') {
+        return undefined;
+      }
+      return solanaTransactionId(transaction, feePayer);
+    },
   };
+}
+
+/**
+ * A Solana transaction's id is its first signature, the fee payer's. When the fee payer is ours and has not
+ * signed yet, it is the signature ed25519 (deterministic) would give the message: the same one settle sends.
+ */
+async function solanaTransactionId(base64: string, feePayer: KeyPairSigner): Promise<string | undefined> {
+  const decoded = getTransactionDecoder().decode(getBase64Encoder().encode(base64));
+  const [first] = Object.entries(decoded.signatures);
+  if (!first) return undefined;
+  const [address, signature] = first;
+  if (signature) return encodeBase58(new Uint8Array(signature));
+  if (address !== feePayer.address) return undefined;
+  return encodeBase58(new Uint8Array(await signBytes(feePayer.keyPair.privateKey, decoded.messageBytes)));
 }

@@ -2,8 +2,10 @@
  * A loopback stand-in for the few Solana JSON-RPC methods the `@x402/svm` client and facilitator call
  * (no Solana validator installs from npm here): `getAccountInfo` (the USDC mint: 82 bytes of SPL mint data
  * with 6 decimals), `getLatestBlockhash`, `simulateTransaction` (always succeeds), `sendTransaction` (returns
- * the transaction's first signature and records it) and `getSignatureStatuses` (confirmed once sent). It
- * moves no tokens: it stands in for the network, not for the protocol code under test.
+ * the transaction's first signature and records it; a transaction already processed is refused, as a node
+ * does), `getSignatureStatuses` (confirmed once sent) and `isBlockhashValid` (every blockhash it handed out is
+ * valid until `expireBlockhashes`). It moves no tokens: it stands in for the network, not for the protocol
+ * code under test.
  */
 import { randomBytes } from 'node:crypto';
 import { createServer } from 'node:http';
@@ -18,6 +20,8 @@ export type SolanaRpcStandIn = {
   /** Base64 transactions received by `sendTransaction`, in order. */
   sent: string[];
   calls: string[];
+  /** Every blockhash handed out so far becomes too old to land a transaction. */
+  expireBlockhashes(): void;
   close(): Promise<void>;
 };
 
@@ -48,6 +52,7 @@ export async function startSolanaRpcStandIn(): Promise<SolanaRpcStandIn> {
   const sent: string[] = [];
   const calls: string[] = [];
   const confirmed = new Set<string>();
+  const blockhashes = new Set<string>();
   const context = { slot: 1000 };
   const handle = (method: string, params: unknown[]): unknown => {
     calls.push(method);
@@ -66,11 +71,13 @@ export async function startSolanaRpcStandIn(): Promise<SolanaRpcStandIn> {
           },
         };
       }
-      case 'getLatestBlockhash':
-        return {
-          context,
-          value: { blockhash: encodeBase58(new Uint8Array(randomBytes(32))), lastValidBlockHeight: 2000 },
-        };
+      case 'getLatestBlockhash': {
+        const blockhash = encodeBase58(new Uint8Array(randomBytes(32)));
+        blockhashes.add(blockhash);
+        return { context, value: { blockhash, lastValidBlockHeight: 2000 } };
+      }
+      case 'isBlockhashValid':
+        return { context, value: blockhashes.has(String(params[0])) };
       case 'simulateTransaction':
         return {
           context,
@@ -80,6 +87,14 @@ export async function startSolanaRpcStandIn(): Promise<SolanaRpcStandIn> {
         const transaction = String(params[0]);
         sent.push(transaction);
         const signature = firstSignature(transaction);
+        if (confirmed.has(signature)) {
+          throw Object.assign(
+            new Error('Transaction simulation failed: This transaction has already been processed'),
+            {
+              code: -32002,
+            },
+          );
+        }
         confirmed.add(signature);
         return signature;
       }
@@ -120,6 +135,7 @@ export async function startSolanaRpcStandIn(): Promise<SolanaRpcStandIn> {
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
     sent,
     calls,
+    expireBlockhashes: () => blockhashes.clear(),
     close: () =>
       new Promise<void>((resolve) => {
         server.closeAllConnections();
