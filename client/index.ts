@@ -12,6 +12,7 @@
 import createClient, { type Client, type ClientOptions } from 'openapi-fetch';
 import type { ChatCompletionChunk, ChatCompletionRequest, paths } from '../generated/api.d.ts';
 import { readChatCompletionChunks } from './sse.ts';
+import { checkedResponse, type ResponseValidation, validationMiddleware } from './validation.ts';
 
 export type * from '../generated/api.d.ts';
 export {
@@ -21,6 +22,11 @@ export {
   ServiceStreamError,
   type SseEvent,
 } from './sse.ts';
+export {
+  type CheckedResponse,
+  ContractViolationError,
+  type ResponseValidation,
+} from './validation.ts';
 
 /** A string, or a function called before each request (for example to sign a fresh wallet proof). */
 export type CredentialSource = string | (() => string | Promise<string>);
@@ -36,6 +42,11 @@ export type ServiceClientOptions = {
   fetch?: ClientOptions['fetch'];
   /** Headers sent with every request. */
   headers?: Record<string, string>;
+  /**
+   * Opt-in response validation: every response (and every streamed chat chunk) is checked before the call
+   * returns, and a violation rejects the call (see `client/validation.ts`).
+   */
+  validation?: ResponseValidation;
 };
 
 /** Raised by the helpers when the server answers with an error status; `body` is the parsed error body. */
@@ -100,6 +111,7 @@ export function createServiceClient(options: ServiceClientOptions): ServiceClien
       return request;
     },
   });
+  if (options.validation) client.use(validationMiddleware(options.validation));
 
   async function post(
     path: string,
@@ -115,6 +127,9 @@ export function createServiceClient(options: ServiceClientOptions): ServiceClien
     await applyCredentials(headers, options);
     const response = await fetchImpl(
       new Request(`${baseUrl}${path}`, { ...init, method: 'POST', headers, body: JSON.stringify(body) }),
+    );
+    await options.validation?.response(
+      await checkedResponse('POST', path, response, init.accept === 'text/event-stream'),
     );
     if (!response.ok) throw new ServiceApiError(response.status, await readBody(response), response.headers);
     return response;
@@ -143,7 +158,15 @@ export function createServiceClient(options: ServiceClientOptions): ServiceClien
         },
       );
       if (!response.body) throw new ServiceApiError(response.status, 'empty stream', response.headers);
-      yield* readChatCompletionChunks(response.body);
+      const validation = options.validation;
+      if (!validation?.chunk) {
+        yield* readChatCompletionChunks(response.body);
+        return;
+      }
+      for await (const chunk of readChatCompletionChunks(response.body)) {
+        await validation.chunk(chunk);
+        yield chunk;
+      }
     },
     generateImageBinary: (body: Omit<ImageGenerateBody, 'return_binary'>, init?: RequestInit) =>
       binary('/image/generate', { ...body, return_binary: true }, init),

@@ -14,7 +14,10 @@
  *   narrowed-enum (a value removed, or an enum added), narrowed-type (a JSON type removed, number to integer,
  *   fewer oneOf/anyOf variants);
  * - in success responses: removed-response (a 2xx status), removed-response-media-type, removed-response-field,
- *   response-field-no-longer-required.
+ *   response-field-no-longer-required, changed-response-type (a field may now hold a JSON type the old contract
+ *   did not allow, e.g. number to string);
+ * - in every response: removed-response-example (a named example removed or renamed: mock consumers select
+ *   examples by name with `Prefer: example=<name>`).
  * Additions (new operations, optional fields, enum values in requests, response fields) are not breaking.
  */
 import { execFileSync } from 'node:child_process';
@@ -118,6 +121,18 @@ export function compareSpecs(oldDoc: Json, newDoc: Json): BreakingChange[] {
             `no longer accepts ${lost.map((v) => JSON.stringify(v)).join(', ')}`,
           );
         }
+      }
+    }
+
+    if (side === 'response') {
+      // A client reads what the old contract promised: a response value of a type it did not allow breaks it.
+      const oldTypes = typesOf(oldSchema);
+      const newTypes = typesOf(newSchema);
+      if (oldTypes) {
+        const added = newTypes
+          ? [...newTypes].filter((t) => !oldTypes.has(t) && !(t === 'integer' && oldTypes.has('number')))
+          : ['(any)'];
+        if (added.length > 0) report('changed-response-type', where, `may now be ${added.join(', ')}`);
       }
     }
 
@@ -251,9 +266,33 @@ export function compareSpecs(oldDoc: Json, newDoc: Json): BreakingChange[] {
     }
   }
 
+  /** Named response examples are what a mock consumer selects (`Prefer: example=<name>`): keep the names. */
+  function compareExamples(where: string, oldMedia: Json, newMedia: Json) {
+    if (!isObject(oldMedia.examples)) return;
+    const kept = isObject(newMedia.examples) ? newMedia.examples : {};
+    for (const name of Object.keys(oldMedia.examples)) {
+      if (!(name in kept))
+        report(
+          'removed-response-example',
+          `${where} example:${name}`,
+          `example "${name}" was removed or renamed`,
+        );
+    }
+  }
+
   function compareResponses(op: string, oldValue: unknown, newValue: unknown) {
     const oldResponses = isObject(oldValue) ? oldValue : {};
     const newResponses = isObject(newValue) ? newValue : {};
+    for (const [status, oldResponseValue] of Object.entries(oldResponses)) {
+      const oldContent = resolveRef(oldDoc, oldResponseValue)?.content;
+      const newContent = resolveRef(newDoc, newResponses[status])?.content;
+      if (!isObject(oldContent) || !isObject(newContent)) continue;
+      for (const [mediaType, oldMedia] of Object.entries(oldContent)) {
+        const newMedia = newContent[mediaType];
+        if (isObject(oldMedia) && isObject(newMedia))
+          compareExamples(`${op} ${status} ${mediaType}`, oldMedia, newMedia);
+      }
+    }
     for (const [status, oldResponseValue] of Object.entries(oldResponses)) {
       if (!/^2\d\d$/.test(status)) continue;
       const where = `${op} ${status}`;

@@ -1,7 +1,8 @@
 /**
  * Contract coverage of the test suites: every real server a test starts (not the fake-port apps of
  * test/support/app.ts) records each answered request as
- * `operationId <TAB> status` into `coverage/contract/` (one file per test process). `npm run coverage:contract`
+ * `operationId <TAB> status` into `coverage/contract/` (one file per test process), and the typed client with
+ * contract validation on records each validated response as `operationId <TAB> status <TAB> client`. `npm run coverage:contract`
  * (the last step of `npm test`) compares the records with the operations and documented statuses of
  * `generated/openapi.yaml`: it fails if an operation was never called, and reports the documented statuses the
  * suites never produced.
@@ -21,13 +22,22 @@ export function resetCoverage(): void {
   mkdirSync(COVERAGE_DIR, { recursive: true });
 }
 
-function record(operation: string, status: number): void {
+function record(operation: string, status: number, source?: 'client'): void {
+  const line = source ? `${operation}\t${status}\t${source}\n` : `${operation}\t${status}\n`;
   try {
-    appendFileSync(file, `${operation}\t${status}\n`);
+    appendFileSync(file, line);
   } catch {
     mkdirSync(COVERAGE_DIR, { recursive: true });
-    appendFileSync(file, `${operation}\t${status}\n`);
+    appendFileSync(file, line);
   }
+}
+
+/**
+ * Records a response the typed client received and validated (`operationId <TAB> status <TAB> client`): the
+ * coverage gate counts an operation as exercised only through these (test/support/client-validation.ts).
+ */
+export function recordClientCall(operation: string, status: number): void {
+  record(operation, status, 'client');
 }
 
 /** Wraps the app's metrics so that every answered operation is also recorded for the coverage report. */

@@ -88,6 +88,26 @@ describe('breaking-change gate', () => {
       'GET /billing/usage-history query:startTimestamp',
     ],
     ['removed-response', (d: Json) => delete d.paths['/models'].get.responses['200'], 'GET /models 200'],
+    [
+      'changed-response-type',
+      (d: Json) => {
+        schemas(d).ChatCompletion.properties.created = { type: 'string' };
+      },
+      'POST /chat/completions 200 application/json .created',
+    ],
+    [
+      'removed-response-example',
+      (d: Json) => {
+        const media = d.paths['/models'].get.responses['200'].content['application/json'];
+        media.examples = Object.fromEntries(
+          Object.entries(media.examples).map(([name, example], i) => [
+            i === 0 ? `${name}Renamed` : name,
+            example,
+          ]),
+        );
+      },
+      `GET /models 200 application/json example:${Object.keys(base.paths['/models'].get.responses['200'].content['application/json'].examples)[0]}`,
+    ],
   ])('behavior: a seeded %s is reported', (kind, change, where) => {
     const changes = compareSpecs(base, mutate(change));
     expect(changes.map((c) => c.id)).toContain(`${kind} ${where}`);

@@ -1,5 +1,6 @@
 import { describe, expect, test } from 'vitest';
 import {
+  ContractViolationError,
   createServiceClient,
   IncompleteStreamError,
   readChatCompletionChunks,
@@ -182,5 +183,80 @@ describe('createServiceClient', () => {
     const request = { model: 'wan-2-7-text-to-video', queue_id: 'q1' };
     expect(await client.retrieveVideo(request)).toMatchObject({ status: 'PROCESSING' });
     expect(await client.retrieveVideo(request)).toMatchObject({ contentType: 'video/mp4' });
+  });
+});
+
+describe('createServiceClient with response validation', () => {
+  test('behavior: each response reaches the validation with its path template and parsed body; a throw rejects the call', async () => {
+    const seen: unknown[] = [];
+    const { fetch } = fakeFetch(
+      Response.json({ data: { slug: 'alan' } }),
+      Response.json({ data: 'not an object' }),
+    );
+    const client = createServiceClient({
+      baseUrl: 'http://127.0.0.1:9/api/v1',
+      apiKey: 'k-1',
+      fetch,
+      validation: {
+        response(response) {
+          seen.push({
+            method: response.method,
+            path: response.path,
+            kind: response.kind,
+            body: response.body,
+          });
+          const body = response.body as { data?: unknown };
+          if (typeof body.data !== 'object')
+            throw new ContractViolationError('getCharacter', ['/data is not an object']);
+        },
+      },
+    });
+    const { data } = await client.GET('/characters/{slug}', { params: { path: { slug: 'alan' } } });
+    expect(data).toEqual({ data: { slug: 'alan' } });
+    expect(seen).toEqual([
+      { method: 'GET', path: '/characters/{slug}', kind: 'json', body: { data: { slug: 'alan' } } },
+    ]);
+    await expect(
+      client.GET('/characters/{slug}', { params: { path: { slug: 'alan' } } }),
+    ).rejects.toBeInstanceOf(ContractViolationError);
+  });
+
+  test('behavior: stream and binary helpers are validated too, and each streamed chunk is checked', async () => {
+    const kinds: string[] = [];
+    const chunks: unknown[] = [];
+    const sse = new Response(
+      streamOf(
+        `data: ${JSON.stringify(chunk('a'))}\n\n`,
+        `data: ${JSON.stringify(chunk('b'))}\n\n`,
+        'data: [DONE]\n\n',
+      ),
+      { headers: { 'content-type': 'text/event-stream' } },
+    );
+    const png = new Response(new Uint8Array([137, 80, 78, 71]), { headers: { 'content-type': 'image/png' } });
+    const { fetch } = fakeFetch(sse, png);
+    const client = createServiceClient({
+      baseUrl: 'http://127.0.0.1:9/api/v1',
+      apiKey: 'k-1',
+      fetch,
+      validation: {
+        response: (response) => {
+          kinds.push(`${response.path} ${response.kind}`);
+        },
+        chunk(c) {
+          chunks.push(c);
+          if ((c as ReturnType<typeof chunk>).choices[0]?.delta.content === 'b')
+            throw new ContractViolationError('a streamed chat chunk', ['bad']);
+        },
+      },
+    });
+    const received: unknown[] = [];
+    const error = await (async () => {
+      for await (const c of client.streamChatCompletion({ model: 'm', messages: [] })) received.push(c);
+    })().catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(ContractViolationError);
+    expect(received).toEqual([chunk('a')]);
+    expect(chunks).toHaveLength(2);
+    await client.generateImageBinary({ model: 'm', prompt: 'p' });
+    expect(kinds).toEqual(['/chat/completions stream', '/image/generate binary']);
   });
 });
