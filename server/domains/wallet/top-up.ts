@@ -493,6 +493,10 @@ export function createTopUpService(deps: TopUpDeps) {
 
       const verified = await facilitator.verify(payload, requirements);
       if (!verified.isValid || !verified.payer) {
+        // A concurrent submission (on any instance) may have claimed and settled it since the check above:
+        // its transfer is why verification fails now. Answer what that one answers.
+        const claimedMeanwhile = known(await payments.get(key));
+        if (claimedMeanwhile) return raise(claimedMeanwhile);
         throw new ApiError(
           400,
           `Payment verification failed: ${verified.invalidMessage ?? verified.invalidReason ?? 'invalid payment'}`,
