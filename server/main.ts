@@ -8,6 +8,7 @@ import { pino } from 'pino';
 import { createApp } from './app.ts';
 import { bootstrap } from './bootstrap.ts';
 import { type Config, ConfigError, loadConfig } from './config.ts';
+import { answerClientErrors } from './http/client-errors.ts';
 import { createServices } from './services.ts';
 
 /** Paths pino never writes: credentials in headers and secrets in objects. */
@@ -60,6 +61,7 @@ if (boot.action === 'generated-key') {
 
 const app = createApp(services.app);
 const server: Server = createServer(app);
+answerClientErrors(server);
 server.listen(config.port, config.host);
 await new Promise<void>((resolve, reject) => {
   server.once('listening', resolve);
