@@ -19,6 +19,7 @@ import { coerceMultipartFields } from './domains/audio/multipart-fields.ts';
 import { type AuthPorts, type Principal, resolvePrincipal } from './http/auth.ts';
 import type { Handler, HandlerContext, HandlerTable, Reply, ReplyHeaders } from './http/contract.ts';
 import { ApiError, toValidationDetails } from './http/errors.ts';
+import { limitJsonDepth } from './http/json-depth.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
 import type { Metrics } from './observability/metrics.ts';
 import { mountOperationsSurface } from './observability/surface.ts';
@@ -208,6 +209,7 @@ export function createApp(deps: AppDeps): express.Express {
   app.use(
     express.json({ limit: config.jsonBodyLimitBytes, type: ['application/json', 'application/*+json'] }),
   );
+  app.use(limitJsonDepth);
 
   // What the client wrote, before the validator fills in defaults (one level deep: the validator adds keys to
   // nested objects in place): chat tells a sent `service_parameters` option from a default with it.

@@ -12,6 +12,7 @@ import { createApp } from './app.ts';
 import { bootstrap } from './bootstrap.ts';
 import { superviseWorkers } from './cluster.ts';
 import { type Config, ConfigError, loadConfig } from './config.ts';
+import { answerClientErrors } from './http/client-errors.ts';
 import { createServices, type Services } from './services.ts';
 
 /** Paths pino never writes: credentials in headers and secrets in objects. */
@@ -72,6 +73,7 @@ if (primary) {
 async function serve(services: Services) {
   const app = createApp(services.app);
   const server: Server = createServer(app);
+  answerClientErrors(server);
   server.listen(config.port, config.host);
   await new Promise<void>((resolve, reject) => {
     server.once('listening', resolve);

@@ -15,13 +15,14 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { gzipSync } from 'node:zlib';
 import fc from 'fast-check';
 import { sql } from 'kysely';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { ContractValidator, loadBundle, type Operation } from '../support/contract.ts';
 import { freePort } from '../support/process.ts';
-import { type RawResponse, sendGenerated } from '../support/raw-http.ts';
+import { multipart, type RawResponse, send, sendBytes, sendGenerated } from '../support/raw-http.ts';
 import { type RpcStandIn, startRpcStandIn } from '../support/rpc-upstream.ts';
 import { type StartedServer, startServer, TEST_ADMIN_KEY } from '../support/server.ts';
 import { type GeneratedRequest, SpecArbitraries } from '../support/spec-arbitraries.ts';
@@ -78,6 +79,7 @@ beforeAll(async () => {
     // A facilitator that refuses connections: top-ups are configured, so their validation runs in full.
     X402_FACILITATOR_URL: `http://127.0.0.1:${await freePort()}`,
     VIDEO_WORKER_ENABLED: 'false',
+    JSON_BODY_LIMIT_MB: '1',
     RPC_UPSTREAM_SOLANA_MAINNET: standIn.url,
     RPC_UPSTREAM_BASE_MAINNET: standIn.url,
   });
@@ -174,7 +176,261 @@ describe('hostile input: requests generated from the contract, valid and invalid
       );
     });
   }
+});
 
+/** The operations, read at collection time (the arbitraries exist only once the server is up). */
+function listOps(): Operation[] {
+  return new SpecArbitraries(doc).operations;
+}
+
+const JSON_LIMIT_BYTES = 1024 * 1024;
+
+/** The interface's error body: `{error}` (with an optional `code`), or `{error, details}` with `_errors`. */
+function expectErrorShape(res: RawResponse, status: number) {
+  expect(res.status, res.text.slice(0, 300)).toBe(status);
+  expect(res.headers.get('content-type') ?? '').toMatch(/^application\/json/);
+  const body = res.json as { error?: unknown; details?: { _errors?: unknown } };
+  expect(typeof body.error).toBe('string');
+  if (body.details !== undefined) expect(Array.isArray(body.details._errors)).toBe(true);
+}
+
+const admin: [string, string][] = [['authorization', `Bearer ${TEST_ADMIN_KEY}`]];
+const chatBody = (extra: Record<string, unknown> = {}) =>
+  JSON.stringify({
+    model: 'llama-3.3-70b',
+    messages: [{ role: 'user', content: 'hi' }],
+    max_tokens: 4,
+    ...extra,
+  });
+
+describe('hostile input: targeted cases', () => {
+  const api = () => new URL(server.directBase).pathname;
+  /** POST with the ADMIN key and a JSON content type, unless `headers` name their own. */
+  const post = (path: string, body: Buffer | string, headers: [string, string][] = []) => {
+    const own = new Set(headers.map(([n]) => n.toLowerCase()));
+    const defaults = [...admin, ['content-type', 'application/json'] as [string, string]].filter(
+      ([n]) => !own.has(n),
+    );
+    return send(server.origin, {
+      method: 'POST',
+      target: `${api()}${path}`,
+      headers: [...defaults, ...headers],
+      body,
+    });
+  };
+
+  test('behavior: a JSON body over JSON_BODY_LIMIT_MB is 413 in the error shape, compressed or not', async () => {
+    const big = chatBody({ user: 'x'.repeat(JSON_LIMIT_BYTES + 10) });
+    expectErrorShape(await post('/chat/completions', big), 413);
+    // A gzip bomb: small on the wire, over the limit once inflated.
+    const bomb = gzipSync(Buffer.from(big));
+    expect(bomb.length).toBeLessThan(JSON_LIMIT_BYTES / 10);
+    expectErrorShape(await post('/chat/completions', bomb, [['content-encoding', 'gzip']]), 413);
+    // An unknown content encoding is refused, not guessed at.
+    expectErrorShape(await post('/chat/completions', chatBody(), [['content-encoding', 'zstd-bogus']]), 415);
+  });
+
+  test('behavior: an uploaded file over 25 MB is 413 in the error shape', async () => {
+    const { contentType, body } = multipart({
+      model: 'openai/whisper-large-v3',
+      file: { filename: 'big.wav', contentType: 'audio/wav', bytes: [] },
+    });
+    // The file part, padded to 26 MB.
+    const marker = Buffer.from('filename="big.wav"\r\nContent-Type: audio/wav\r\n\r\n');
+    const at = body.indexOf(marker) + marker.length;
+    const padded = Buffer.concat([
+      body.subarray(0, at),
+      Buffer.alloc(26 * 1024 * 1024, 1),
+      body.subarray(at),
+    ]);
+    const res = await send(server.origin, {
+      method: 'POST',
+      target: `${api()}/audio/transcriptions`,
+      headers: [...admin, ['content-type', contentType]],
+      body: padded,
+    });
+    expectErrorShape(res, 413);
+  });
+
+  test('behavior: deeply nested JSON (100k levels) is refused with 400, never a crash', async () => {
+    const depth = 100_000;
+    const arrays = `${'['.repeat(depth)}${']'.repeat(depth)}`;
+    const objects = `${'{"a":'.repeat(depth)}1${'}'.repeat(depth)}`;
+    expectErrorShape(await post('/chat/completions', arrays), 400);
+    expectErrorShape(await post('/chat/completions', objects), 400);
+    // Nested inside an otherwise valid request, where the schema allows any JSON (tool parameters).
+    const tools = chatBody({
+      tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }],
+    }).replace('"parameters":{"type":"object"}', `"parameters":{"type":"object","x":${objects}}`);
+    const res = await post('/chat/completions', tools);
+    expectErrorShape(res, 400);
+    expect(res.json).toMatchObject({ code: 'INVALID_JSON' });
+    // The RPC proxy takes arbitrary JSON params.
+    const rpc = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'getBalance', params: ['X'] }).replace(
+      '["X"]',
+      `[${arrays}]`,
+    );
+    expectErrorShape(await post('/crypto/rpc/solana-mainnet', rpc), 400);
+    // Just within the bound (128 levels in all) is accepted by the parser: the answer is the proxy's, not 400 JSON.
+    const within = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'getBalance', params: ['X'] }).replace(
+      '["X"]',
+      `[${'['.repeat(126)}${']'.repeat(126)}]`,
+    );
+    const answer = await post('/crypto/rpc/solana-mainnet', within);
+    expect(answer.status).toBe(200);
+  });
+
+  test('behavior: a body that is not valid UTF-8 never reaches a 5xx, and the server keeps serving', async () => {
+    const prefix = Buffer.from(
+      '{"model":"llama-3.3-70b","max_tokens":4,"messages":[{"role":"user","content":"',
+    );
+    const suffix = Buffer.from('"}]}');
+    for (const junk of [
+      Buffer.from([0xff, 0xfe, 0xfd]),
+      Buffer.from([0xc0, 0xaf]), // overlong "/"
+      Buffer.from([0xed, 0xa0, 0x80]), // an encoded UTF-16 surrogate
+      Buffer.from([0xe2, 0x82]), // truncated sequence
+    ]) {
+      const res = await post('/chat/completions', Buffer.concat([prefix, junk, suffix]));
+      expect(res.status, res.text.slice(0, 200)).toBeLessThan(500);
+      if (res.status >= 400) expectErrorShape(res, res.status);
+    }
+    // A charset nobody knows: refused as unsupported.
+    expectErrorShape(
+      await post('/chat/completions', chatBody(), [
+        ['content-type', 'application/json; charset=x-no-such-charset'],
+      ]),
+      415,
+    );
+    const after = await send(server.origin, {
+      method: 'GET',
+      target: `${api()}/billing/balance`,
+      headers: admin,
+    });
+    expect(after.status).toBe(200);
+  });
+
+  test('behavior: huge RPC batches are refused whole (400 or 413), nothing sent upstream or charged', async () => {
+    const seenBefore = standIn.requests.length;
+    const balanceBefore = await unbalancedAccounts();
+    const item = (i: number) => ({ jsonrpc: '2.0', id: i, method: 'getSlot' });
+    for (const size of [101, 10_000, 60_000]) {
+      const res = await post(
+        '/crypto/rpc/solana-mainnet',
+        JSON.stringify(Array.from({ length: size }, (_, i) => item(i))),
+      );
+      expect([400, 413]).toContain(res.status);
+      expectErrorShape(res, res.status);
+    }
+    // An empty batch is refused too.
+    expectErrorShape(await post('/crypto/rpc/solana-mainnet', '[]'), 400);
+    expect(standIn.requests.length).toBe(seenBefore);
+    expect(await unbalancedAccounts()).toEqual(balanceBefore);
+  });
+
+  test('behavior: bad percent-encoding and very long paths answer 400/404 in the error shape', async () => {
+    for (const target of [
+      `${api()}/characters/%zz`,
+      `${api()}/characters/%E0%A4%A`,
+      `${api()}/characters/%C0%AF`,
+      `${api()}/x402/balance/%00`,
+      `${api()}/api_keys/%`,
+      `${api()}/models?type=%zz`,
+      `${api()}/characters?limit=%FF%FE`,
+    ]) {
+      const res = await send(server.origin, { method: 'GET', target, headers: admin });
+      expect(res.status, `${target}: ${res.text.slice(0, 200)}`).toBeGreaterThanOrEqual(400);
+      expectErrorShape(res, res.status);
+    }
+    const long = await send(server.origin, {
+      method: 'GET',
+      target: `${api()}/characters/${'a'.repeat(8_000)}`,
+      headers: admin,
+    });
+    expectErrorShape(long, long.status);
+    expect(long.status).toBeLessThan(500);
+    const deep = await send(server.origin, {
+      method: 'GET',
+      target: `${api()}${'/x'.repeat(3_000)}`,
+      headers: admin,
+    });
+    expectErrorShape(deep, 404);
+  });
+
+  test('behavior: CR/LF in header values, huge headers and smuggling framing are refused, and serving goes on', async () => {
+    const path = `${api()}/billing/balance`;
+    const answers = [
+      // A bare LF and a bare CR inside a header value.
+      `GET ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${TEST_ADMIN_KEY}\nX-Injected: 1\r\n\r\n`,
+      `GET ${path} HTTP/1.1\r\nHost: x\r\nX-Note: a\rInjected: 1\r\n\r\n`,
+      // 64 KB of headers (Node's limit is 16 KB).
+      `GET ${path} HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(64 * 1024)}\r\n\r\n`,
+      // Request smuggling framing: both Content-Length and chunked, and two different Content-Lengths.
+      `POST ${api()}/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n`,
+      `POST ${api()}/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nhello`,
+    ].map((raw) => sendBytes(server.origin, raw));
+    for (const answer of await Promise.all(answers)) {
+      const status = Number(/^HTTP\/1\.1 (\d{3})/.exec(answer)?.[1]);
+      expect([400, 431]).toContain(status);
+      // Still the interface's error shape, even from the HTTP parser.
+      const body = answer.slice(answer.indexOf('\r\n\r\n') + 4);
+      expect(JSON.parse(body)).toMatchObject({ error: expect.any(String) });
+      expect(answer).not.toMatch(/X-Injected|^Injected/m);
+    }
+    const after = await send(server.origin, { method: 'GET', target: path, headers: admin });
+    expect(after.status).toBe(200);
+  });
+
+  test('behavior: duplicate credentials never widen access: the first Authorization decides, junk SIWX fails', async () => {
+    const path = `${api()}/billing/balance`;
+    const spare = await server.services.keys.create({
+      accountId: (server.boot as { accountId: string }).accountId,
+      keyType: 'INFERENCE',
+    });
+    // An INFERENCE key first, the ADMIN key second: still the INFERENCE key (admin-only operation: 401).
+    const first = await send(server.origin, {
+      method: 'GET',
+      target: path,
+      headers: [
+        ['authorization', `Bearer ${spare.secret}`],
+        ['authorization', `Bearer ${TEST_ADMIN_KEY}`],
+      ],
+    });
+    expectErrorShape(first, 401);
+    // A junk key first: 401, whatever follows.
+    const junkFirst = await send(server.origin, {
+      method: 'GET',
+      target: path,
+      headers: [
+        ['authorization', 'Bearer svc_not_a_key'],
+        ['authorization', `Bearer ${TEST_ADMIN_KEY}`],
+      ],
+    });
+    expectErrorShape(junkFirst, 401);
+    // Two sign-in headers (both names), one of them junk: refused, never a 5xx.
+    const siwx = await send(server.origin, {
+      method: 'GET',
+      target: `${api()}/x402/balance/${wallet.address}`,
+      headers: [
+        ['sign-in-with-x', 'bm90IGpzb24='],
+        ['x-sign-in-with-x', await evmSignIn(wallet, { origin: ORIGIN })],
+      ],
+    });
+    expectErrorShape(siwx, 401);
+    const twice = await send(server.origin, {
+      method: 'GET',
+      target: `${api()}/x402/balance/${wallet.address}`,
+      headers: [
+        ['sign-in-with-x', await evmSignIn(wallet, { origin: ORIGIN })],
+        ['sign-in-with-x', 'junk'],
+      ],
+    });
+    expect(twice.status).toBeLessThan(500);
+    if (twice.status >= 400) expectErrorShape(twice, twice.status);
+  });
+});
+
+describe('hostile input: afterwards', () => {
   test('behavior: nothing stored is lost: earlier entries unchanged, every balance equals its ledger sum', async () => {
     const after = await snapshot();
     const bySeq = new Map(after.entries.map((e) => [e.seq, e]));
@@ -187,8 +443,3 @@ describe('hostile input: requests generated from the contract, valid and invalid
     expect(tally.requests).toBe(arbitraries.operations.reduce((n, o) => n + runsOf(o.operationId), 0));
   });
 });
-
-/** The operations, read at collection time (the arbitraries exist only once the server is up). */
-function listOps(): Operation[] {
-  return new SpecArbitraries(doc).operations;
-}

@@ -13,6 +13,7 @@ import { startPrism } from '../../mocks/prism.ts';
 import { createApp } from '../../server/app.ts';
 import { type BootstrapResult, bootstrap } from '../../server/bootstrap.ts';
 import { loadConfig } from '../../server/config.ts';
+import { answerClientErrors } from '../../server/http/client-errors.ts';
 import { createServices, type Services } from '../../server/services.ts';
 import { repoRoot } from './contract.ts';
 import { withCoverage } from './coverage.ts';
@@ -55,6 +56,7 @@ export async function startServer(
     bootstrapBalanceUsd: config.bootstrapBalanceUsd,
   });
   const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
+  answerClientErrors(server);
   await new Promise<void>((resolve) => server.once('listening', () => resolve()));
   const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
   const directBase = `${origin}/api/v1`;

@@ -15,7 +15,7 @@ import {
 } from '@solana/kit';
 import { type PendingSettlementStore, x402Facilitator } from '@x402/core/facilitator';
 import type { Network } from '@x402/core/types';
-import { toFacilitatorEvmSigner } from '@x402/evm';
+import { type FacilitatorEvmSigner, toFacilitatorEvmSigner } from '@x402/evm';
 import { ExactEvmScheme } from '@x402/evm/exact/facilitator';
 import { decodeBase58, encodeBase58 } from '@x402/extensions/sign-in-with-x';
 import { toFacilitatorSvmSigner } from '@x402/svm';
@@ -41,8 +41,32 @@ export type InProcessFacilitatorOptions = {
   solana?: { rpcUrl: string; secretKeyBase58: string };
 };
 
+/** @x402/evm's verdict for a token address without code. */
+const ASSET_NOT_CONTRACT = 'asset_not_deployed_contract';
+
+/**
+ * @x402/evm starts its token check (`eth_getCode` of the asset) in the background and, on many invalid
+ * payloads, returns without awaiting it: when the Base node fails, that rejection is unhandled and Node ends
+ * the whole process (one bad payment while the node hiccups took the server down). Here a failed `getCode`
+ * reads as "no code" instead of rejecting; the facilitator then re-checks that verdict directly (above), so
+ * a node failure still surfaces as an error of the request that awaited it.
+ */
+function guardAssetChecks(signer: FacilitatorEvmSigner, assets: ReadonlySet<string>): FacilitatorEvmSigner {
+  return {
+    ...signer,
+    getCode: (args: Parameters<FacilitatorEvmSigner['getCode']>[0]) => {
+      const code = signer.getCode(args);
+      // Only the tokens payments ask for (the payer checks of @x402/evm already catch their own failures).
+      return assets.has(args.address.toLowerCase()) ? code.catch(() => undefined) : code;
+    },
+  };
+}
+
 export async function createInProcessFacilitator(options: InProcessFacilitatorOptions): Promise<Facilitator> {
   const facilitator = new x402Facilitator();
+  let evmSigner: FacilitatorEvmSigner | undefined;
+  /** Token addresses (lower case) of the payments seen: their background `getCode` is guarded. */
+  const tokens = new Set<string>();
   if (options.evm) {
     const client = createWalletClient({
       account: privateKeyToAccount(options.evm.privateKey),
@@ -57,13 +81,14 @@ export async function createInProcessFacilitator(options: InProcessFacilitatorOp
     );
     facilitator.register(
       BASE_NETWORK as Network,
-      new ExactEvmScheme(signer, {
+      new ExactEvmScheme(guardAssetChecks(signer, tokens), {
         eip6492AllowedFactories: options.evm.eip6492AllowedFactories ?? [],
         ...(options.evm.pendingSettlementStore
           ? { pendingSettlementStore: options.evm.pendingSettlementStore }
           : {}),
       }),
     );
+    evmSigner = signer;
   }
   let feePayer: KeyPairSigner | undefined;
   if (options.solana) {
@@ -71,9 +96,26 @@ export async function createInProcessFacilitator(options: InProcessFacilitatorOp
     const signer = toFacilitatorSvmSigner(feePayer, { defaultRpcUrl: options.solana.rpcUrl });
     facilitator.register(SOLANA_NETWORK as Network, new ExactSvmScheme(signer));
   }
+  /** A verdict of "the token has no code" is re-checked: a node failure throws instead of passing for it. */
+  const recheckAsset = async <T extends { invalidReason?: string; errorReason?: string }>(
+    requirements: { network: string; asset: string },
+    result: T,
+  ): Promise<T> => {
+    const reason = result.invalidReason ?? result.errorReason;
+    if (evmSigner && requirements.network === BASE_NETWORK && reason === ASSET_NOT_CONTRACT) {
+      await evmSigner.getCode({ address: requirements.asset as `0x${string}` });
+    }
+    return result;
+  };
   return {
-    verify: (payload, requirements) => facilitator.verify(payload, requirements),
-    settle: (payload, requirements) => facilitator.settle(payload, requirements),
+    verify: async (payload, requirements) => {
+      tokens.add(requirements.asset.toLowerCase());
+      return recheckAsset(requirements, await facilitator.verify(payload, requirements));
+    },
+    settle: async (payload, requirements) => {
+      tokens.add(requirements.asset.toLowerCase());
+      return recheckAsset(requirements, await facilitator.settle(payload, requirements));
+    },
     supported: async () => facilitator.getSupported() as Awaited<ReturnType<Facilitator['supported']>>,
     async transactionId(payload) {
       const transaction = (payload.payload as { transaction?: unknown }).transaction;
