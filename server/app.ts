@@ -19,6 +19,7 @@ import { coerceMultipartFields } from './domains/audio/multipart-fields.ts';
 import { type AuthPorts, type Principal, resolvePrincipal } from './http/auth.ts';
 import type { Handler, HandlerContext, HandlerTable, Reply, ReplyHeaders } from './http/contract.ts';
 import { ApiError, toValidationDetails } from './http/errors.ts';
+import { memoizeRouteRegexps } from './http/route-regexps.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
 import type { Metrics } from './observability/metrics.ts';
 import { mountOperationsSurface } from './observability/surface.ts';
@@ -224,6 +225,7 @@ export function createApp(deps: AppDeps): express.Express {
     next();
   });
 
+  memoizeRouteRegexps();
   const validator = OpenApiValidator.middleware({
     apiSpec: contract.document as unknown as string,
     validateApiSpec: false,
