@@ -20,6 +20,7 @@ import { type AuthPorts, type Principal, resolvePrincipal } from './http/auth.ts
 import type { Handler, HandlerContext, HandlerTable, Reply, ReplyHeaders } from './http/contract.ts';
 import { ApiError, toValidationDetails } from './http/errors.ts';
 import { limitJsonDepth } from './http/json-depth.ts';
+import { memoizeRouteRegexps } from './http/route-regexps.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
 import type { Metrics } from './observability/metrics.ts';
 import { mountOperationsSurface } from './observability/surface.ts';
@@ -226,6 +227,7 @@ export function createApp(deps: AppDeps): express.Express {
     next();
   });
 
+  memoizeRouteRegexps();
   const validator = OpenApiValidator.middleware({
     apiSpec: contract.document as unknown as string,
     validateApiSpec: false,

@@ -39,6 +39,7 @@ const variables = z.object({
     .regex(/^[A-Z]{3}$/, 'three upper-case letters')
     .default('LOC'),
   RESERVATION_TTL_MS: z.coerce.number().int().min(1_000).max(86_400_000).default(900_000),
+  API_KEY_CACHE_TTL_MS: z.coerce.number().int().min(0).max(60_000).default(1_000),
   X402_PAY_TO_BASE: z
     .string()
     .regex(/^0x[0-9a-fA-F]{40}$/, 'an EVM address')
@@ -121,6 +122,8 @@ const schema = variables.transform((env) => ({
   hostName: env.SERVICE_HOST_NAME,
   colo: env.SERVICE_COLO,
   reservationTtlMs: env.RESERVATION_TTL_MS,
+  /** How long this process reuses an API-key lookup; bounds a revocation made by another process. */
+  apiKeyCacheTtlMs: env.API_KEY_CACHE_TTL_MS,
   jsonBodyLimitBytes: env.JSON_BODY_LIMIT_MB * 1024 * 1024,
   chat: {
     timeoutMs: env.CHAT_TIMEOUT_MS,

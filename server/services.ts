@@ -21,9 +21,11 @@ import { createMediaHandlers } from './domains/embeddings/media.ts';
 import { createImageHandlers } from './domains/images/handlers.ts';
 import { createImageProviders } from './domains/images/providers.ts';
 import { createImageService } from './domains/images/service.ts';
+import { cacheApiKeys } from './domains/keys/cache.ts';
 import { createKeyHandlers } from './domains/keys/handlers.ts';
 import { createRateLimiter } from './domains/limits/rate-limiter.ts';
 import { createRpcDomain, type RpcDomain } from './domains/rpc/index.ts';
+import { createTtlCache } from './domains/ttl-cache.ts';
 import { mountVideoDownloads } from './domains/video/download-route.ts';
 import { createVideoHandlers } from './domains/video/handlers.ts';
 import { createVideoProviders } from './domains/video/providers.ts';
@@ -41,7 +43,7 @@ import { createSearxngSearch } from './providers/search/searxng.ts';
 import type { Facilitator } from './providers/x402/facilitator.ts';
 import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
-import { createDatabase, type Database } from './storage/database.ts';
+import { type CreateDatabaseOptions, createDatabase, type Database } from './storage/database.ts';
 import { createIdempotency, type IdempotencyStore } from './storage/idempotency.ts';
 import { createLedger, type LedgerRepository } from './storage/ledger.ts';
 import { migrate } from './storage/migrations.ts';
@@ -70,6 +72,8 @@ export type Services = {
 export type ServicesOptions = {
   /** Replaces the x402 facilitator the configuration describes (tests). */
   facilitator?: Facilitator;
+  /** Options of the database connection (tests count round trips with `onQuery`). */
+  database?: CreateDatabaseOptions;
 };
 
 export async function createServices(
@@ -82,7 +86,7 @@ export async function createServices(
     config.serviceConfigPath ? { overridePath: config.serviceConfigPath } : {},
   );
   const catalog = createCatalogService(loadedCatalog, { publicBaseUrl: config.publicOrigin });
-  const database = await createDatabase(config.databaseUrl);
+  const database = await createDatabase(config.databaseUrl, options.database);
   try {
     await migrate(database);
   } catch (error) {
@@ -90,12 +94,18 @@ export async function createServices(
     throw error;
   }
   const accounts = createAccounts(database);
-  const keys = createApiKeys(database);
+  const keys = cacheApiKeys(createApiKeys(database), { ttlMs: config.apiKeyCacheTtlMs });
   const ledger = createLedger(database);
   const rateLimits = createRateLimits(database);
   const idempotency = createIdempotency(database);
   const metrics = createMetrics();
-  const tierOf = async (accountId: string) => ((await accounts.get(accountId)).pro ? 'partner' : 'paid');
+  // The account's Pro flag decides its rate-limit tier and access to Pro models; read on every request, so
+  // reused for API_KEY_CACHE_TTL_MS (a change made elsewhere applies within that bound).
+  const proFlags = createTtlCache(async (accountId: string) => (await accounts.get(accountId)).pro, {
+    ttlMs: config.apiKeyCacheTtlMs,
+  });
+  const isPro = (accountId: string) => proFlags.get(accountId);
+  const tierOf = async (accountId: string) => ((await isPro(accountId)) ? 'partner' : 'paid');
   const limiter = createRateLimiter({ rateLimits, catalog });
   const wallet = createWalletDomain({
     config,
@@ -155,7 +165,7 @@ export async function createServices(
   const chat = createChatService({
     catalog,
     charges,
-    isPro: async (accountId) => (await accounts.get(accountId)).pro,
+    isPro,
     providerFor: createChatProviders({ config, metrics }),
     consumeTokens: async (principal, modelId, tokens) =>
       limiter.consumeTokens(principal, await tierOf(principal.accountId), modelId, tokens),
@@ -189,7 +199,7 @@ export async function createServices(
     charges,
     ledger,
     jobs: videoJobs,
-    isPro: async (accountId) => (await accounts.get(accountId)).pro,
+    isPro,
     mediaTtlMs: config.video.mediaTtlMs,
     wake: () => videoWorker.wake(),
     publicOrigin: config.publicOrigin,
@@ -202,7 +212,7 @@ export async function createServices(
       images: createImageService({
         catalog,
         charges,
-        isPro: async (accountId) => (await accounts.get(accountId)).pro,
+        isPro,
         providerFor: createImageProviders({ config, metrics }),
       }),
     }),
@@ -220,7 +230,7 @@ export async function createServices(
       decisions: createDecisionService({
         catalog,
         charges,
-        isPro: async (accountId) => (await accounts.get(accountId)).pro,
+        isPro,
         providerFor: createChatProviders({ config, metrics }),
       }),
     }),

@@ -14,6 +14,7 @@ import {
   type DatabaseConnection,
   type Driver,
   Kysely,
+  type Dialect as KyselyDialect,
   PostgresDialect,
   SqliteDialect,
   type SqliteDialectConfig,
@@ -41,6 +42,11 @@ export type CreateDatabaseOptions = {
   poolMax?: number;
   /** How long a SQLite writer waits for the file lock before failing (default 5000 ms). */
   busyTimeoutMs?: number;
+  /**
+   * Called with the SQL of every statement sent to the database, `begin`/`commit`/`rollback` included: one
+   * call is one round trip. For tests that count the round trips of an operation so that they cannot regress.
+   */
+  onQuery?(sql: string): void;
 };
 
 export type ParsedDatabaseUrl =
@@ -108,7 +114,8 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   sqlite.pragma('foreign_keys = ON');
   sqlite.pragma(`busy_timeout = ${Math.max(0, Math.trunc(options.busyTimeoutMs ?? 5000))}`);
   sqlite.pragma('synchronous = NORMAL');
-  const db = new Kysely<Tables>({ dialect: new ImmediateSqliteDialect({ database: sqlite }) });
+  const dialect = new ImmediateSqliteDialect({ database: cachingStatements(sqlite) });
+  const db = new Kysely<Tables>({ dialect: observed(dialect, options.onQuery) });
   return wrap(db, 'sqlite');
 }
 
@@ -125,7 +132,7 @@ function openPostgres(connectionString: string, options: CreateDatabaseOptions):
   });
   // An idle client losing its connection must not crash the process; the next query reports the failure.
   pool.on('error', () => {});
-  const db = new Kysely<Tables>({ dialect: new PostgresDialect({ pool }) });
+  const db = new Kysely<Tables>({ dialect: observed(new PostgresDialect({ pool }), options.onQuery) });
   return wrap(db, 'postgres');
 }
 
@@ -169,4 +176,86 @@ class ImmediateSqliteDialect extends SqliteDialect {
   override createDriver(): Driver {
     return new ImmediateSqliteDriver(this.#config);
   }
+}
+
+/** How many prepared SQLite statements are kept (the server's distinct statements are far fewer). */
+const STATEMENT_CACHE_SIZE = 1000;
+
+/**
+ * The SQLite handle Kysely sees, with each distinct SQL text prepared once: better-sqlite3 would otherwise
+ * parse and plan every statement on every call. Reusing a statement is safe because Kysely runs one
+ * statement at a time on its single connection; the cache is bounded (least recently prepared dropped).
+ */
+function cachingStatements(sqlite: SqliteDatabase.Database): SqliteDialectConfig['database'] {
+  const statements = new Map<string, SqliteDatabase.Statement>();
+  return {
+    close: () => sqlite.close(),
+    prepare(sqlText: string) {
+      let statement = statements.get(sqlText);
+      if (!statement) {
+        statement = sqlite.prepare(sqlText);
+        if (statements.size >= STATEMENT_CACHE_SIZE) {
+          const oldest = statements.keys().next().value;
+          if (oldest !== undefined) statements.delete(oldest);
+        }
+        statements.set(sqlText, statement);
+      }
+      return statement;
+    },
+  } as unknown as SqliteDialectConfig['database'];
+}
+
+/** The dialect unchanged, or with every statement its driver sends reported to `onQuery` first. */
+function observed(dialect: KyselyDialect, onQuery: ((sql: string) => void) | undefined): KyselyDialect {
+  if (!onQuery) return dialect;
+  const watch = (connection: DatabaseConnection): DatabaseConnection =>
+    new Proxy(connection, {
+      get(target, property, receiver) {
+        if (property === 'executeQuery' || property === 'streamQuery') {
+          const method = Reflect.get(target, property, target) as (
+            query: CompiledQuery,
+            ...rest: unknown[]
+          ) => unknown;
+          return (query: CompiledQuery, ...rest: unknown[]) => {
+            onQuery(query.sql);
+            return method.call(target, query, ...rest);
+          };
+        }
+        const value = Reflect.get(target, property, receiver);
+        return typeof value === 'function' ? value.bind(target) : value;
+      },
+    });
+  return {
+    createAdapter: () => dialect.createAdapter(),
+    createIntrospector: (db) => dialect.createIntrospector(db),
+    createQueryCompiler: () => dialect.createQueryCompiler(),
+    createDriver() {
+      const driver = dialect.createDriver();
+      const originals = new WeakMap<DatabaseConnection, DatabaseConnection>();
+      const unwrap = (connection: DatabaseConnection) => originals.get(connection) ?? connection;
+      return {
+        init: () => driver.init(),
+        destroy: () => driver.destroy(),
+        async acquireConnection() {
+          const connection = await driver.acquireConnection();
+          const wrapped = watch(connection);
+          originals.set(wrapped, connection);
+          return wrapped;
+        },
+        releaseConnection: (connection) => driver.releaseConnection(unwrap(connection)),
+        beginTransaction: (connection, settings) => {
+          onQuery('begin');
+          return driver.beginTransaction(unwrap(connection), settings);
+        },
+        commitTransaction: (connection) => {
+          onQuery('commit');
+          return driver.commitTransaction(unwrap(connection));
+        },
+        rollbackTransaction: (connection) => {
+          onQuery('rollback');
+          return driver.rollbackTransaction(unwrap(connection));
+        },
+      };
+    },
+  };
 }

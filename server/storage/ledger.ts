@@ -260,6 +260,39 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     return row;
   }
 
+  /**
+   * lockAccount and the spend limits of one of the account's keys in a single statement (PostgreSQL locks
+   * only the account row). `key` is undefined when the key does not exist or belongs to another account.
+   */
+  async function lockAccountWithKey(trx: Transaction<Tables>, accountId: string, apiKeyId: string) {
+    let query = trx
+      .selectFrom('accounts')
+      .leftJoin('api_keys', (join) =>
+        join.onRef('api_keys.account_id', '=', 'accounts.id').on('api_keys.id', '=', apiKeyId),
+      )
+      .selectAll('accounts')
+      .select([
+        'api_keys.id as key_id',
+        'api_keys.limit_usd_nano as key_limit_usd_nano',
+        'api_keys.limit_diem_nano as key_limit_diem_nano',
+        'api_keys.limit_period as key_limit_period',
+      ])
+      .where('accounts.id', '=', accountId);
+    if (dialect === 'postgres') query = query.forUpdate('accounts');
+    const row = await query.executeTakeFirst();
+    if (!row) throw new NotFoundError('account', accountId);
+    const { key_id, key_limit_usd_nano, key_limit_diem_nano, key_limit_period, ...account } = row;
+    const key =
+      key_id === null || key_limit_period === null
+        ? undefined
+        : {
+            limit_usd_nano: key_limit_usd_nano,
+            limit_diem_nano: key_limit_diem_nano,
+            limit_period: key_limit_period,
+          };
+    return { account, key };
+  }
+
   async function diemUsage(q: Executor, accountId: string, epochDay: number) {
     const row = await q
       .selectFrom('diem_usage')
@@ -351,17 +384,13 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
 
   async function insertEntries(trx: Transaction<Tables>, entries: Array<NewEntry>): Promise<LedgerEntry[]> {
     if (entries.length === 0) return [];
-    // One statement per entry keeps `seq` in the order the entries were computed on both engines.
-    const written: LedgerEntry[] = [];
-    for (const entry of entries) {
-      const row = await trx
-        .insertInto('ledger_entries')
-        .values(entry)
-        .returningAll()
-        .executeTakeFirstOrThrow();
-      written.push(toLedgerEntry(row));
-    }
-    return written;
+    // One statement for all of them: both engines number the rows of a multi-row VALUES in list order, so
+    // `seq` follows the order the entries were computed in; sorted by `seq` since RETURNING order is not
+    // promised.
+    const rows = await trx.insertInto('ledger_entries').values(entries).returningAll().execute();
+    if (rows.length !== entries.length)
+      throw new StorageError('STORAGE_FAILURE', 'Ledger entries were not written');
+    return rows.map(toLedgerEntry).sort((a, b) => a.seq - b.seq);
   }
 
   function entryValues(
@@ -519,13 +548,25 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
   return {
     /** The account's balances at `at` (today's DIEM figures are for the UTC day of `at`). */
     async getBalance(accountId: string, at: number = now()): Promise<Balance> {
-      const account = await db
+      // One statement: the account and its DIEM counters of the day.
+      const row = await db
         .selectFrom('accounts')
-        .select(['usd_balance_nano', 'usd_reserved_nano', 'diem_stake_nano'])
-        .where('id', '=', accountId)
+        .leftJoin('diem_usage', (join) =>
+          join
+            .onRef('diem_usage.account_id', '=', 'accounts.id')
+            .on('diem_usage.epoch_day', '=', epochDayOf(at)),
+        )
+        .select([
+          'accounts.usd_balance_nano',
+          'accounts.usd_reserved_nano',
+          'accounts.diem_stake_nano',
+          'diem_usage.used_nano',
+          'diem_usage.reserved_nano',
+        ])
+        .where('accounts.id', '=', accountId)
         .executeTakeFirst();
-      if (!account) throw new NotFoundError('account', accountId);
-      return balanceOf(account, await diemUsage(db, accountId, epochDayOf(at)));
+      if (!row) throw new NotFoundError('account', accountId);
+      return balanceOf(row, { usedNano: row.used_nano ?? 0n, reservedNano: row.reserved_nano ?? 0n });
     },
 
     /**
@@ -612,9 +653,19 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       if (!input.requestId) throw new InvalidInputError('requestId', 'requestId is required');
       const at = now();
       const epochDay = epochDayOf(at);
+      const apiKeyId = input.apiKeyId ?? null;
       return db.transaction().execute(async (trx) => {
-        const account = await lockAccount(trx, input.accountId);
-        const balance = balanceOf(account, await diemUsage(trx, input.accountId, epochDay));
+        // One statement: the account row, locked, with the limits of the key (when one is charged).
+        const { account, key } =
+          apiKeyId === null
+            ? { account: await lockAccount(trx, input.accountId), key: undefined }
+            : await lockAccountWithKey(trx, input.accountId, apiKeyId);
+        // Without a DIEM stake nothing can be drawn from DIEM: the day's counters need not be read.
+        const usage =
+          account.diem_stake_nano > 0n
+            ? await diemUsage(trx, input.accountId, epochDay)
+            : { usedNano: 0n, reservedNano: 0n };
+        const balance = balanceOf(account, usage);
         const diemPart = minBig(input.amountNano, balance.diemAvailableNano);
         const usdPart = input.amountNano - diemPart;
         if (usdPart > balance.usdAvailableNano) {
@@ -624,14 +675,8 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
             diemAvailableNano: balance.diemAvailableNano,
           });
         }
-        const apiKeyId = input.apiKeyId ?? null;
         if (apiKeyId !== null) {
-          const key = await trx
-            .selectFrom('api_keys')
-            .select(['account_id', 'limit_usd_nano', 'limit_diem_nano', 'limit_period'])
-            .where('id', '=', apiKeyId)
-            .executeTakeFirst();
-          if (!key || key.account_id !== input.accountId) throw new NotFoundError('api key', apiKeyId);
+          if (!key) throw new NotFoundError('api key', apiKeyId);
           if (key.limit_usd_nano !== null || key.limit_diem_nano !== null) {
             const spent = await keySpendOn(trx, apiKeyId, periodStartMs(key.limit_period, at), true);
             const checks = [
@@ -706,18 +751,41 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       const requestedNano = items.reduce((sum, item) => sum + item.amountNano, 0n);
       const at = now();
       return db.transaction().execute(async (trx) => {
-        const peek = await trx
-          .selectFrom('reservations')
-          .select('account_id')
+        // The reservation's account, locked first as every writer does, found in the same statement.
+        let lock = trx
+          .selectFrom('accounts')
+          .selectAll()
+          .where('id', '=', (eb) =>
+            eb.selectFrom('reservations').select('account_id').where('id', '=', reservationId),
+          );
+        if (dialect === 'postgres') lock = lock.forUpdate();
+        const account = await lock.executeTakeFirst();
+        if (!account) throw new NotFoundError('reservation', reservationId);
+        // Claimed by a conditional update: it locks the row and proves it was still held, in one statement.
+        // Should anything below fail, the transaction rolls the claim back with the rest.
+        const reservation = await trx
+          .updateTable('reservations')
+          .set({ status: 'captured', settled_at_ms: at })
           .where('id', '=', reservationId)
+          .where('status', '=', 'held')
+          .returningAll()
           .executeTakeFirst();
-        if (!peek) throw new NotFoundError('reservation', reservationId);
-        const account = await lockAccount(trx, peek.account_id);
-        const reservation = await lockedReservation(trx, reservationId);
-        if (reservation.status !== 'held') throw new ReservationStateError(reservationId, reservation.status);
+        if (!reservation) {
+          const current = await trx
+            .selectFrom('reservations')
+            .select('status')
+            .where('id', '=', reservationId)
+            .executeTakeFirst();
+          if (!current) throw new NotFoundError('reservation', reservationId);
+          throw new ReservationStateError(reservationId, current.status);
+        }
 
         const total = minBig(requestedNano, reservation.usd_nano + reservation.diem_nano);
-        const usage = await diemUsage(trx, reservation.account_id, toNumber(reservation.epoch_day));
+        // The day's DIEM counters matter only for DIEM entries, which need a DIEM part.
+        const usage =
+          reservation.diem_nano > 0n
+            ? await diemUsage(trx, reservation.account_id, toNumber(reservation.epoch_day))
+            : { usedNano: 0n, reservedNano: 0n };
         let budget = total;
         let diemLeft = reservation.diem_nano;
         let diemUsed = usage.usedNano;
@@ -777,12 +845,6 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
           usedNano: diemCharged,
           reservedNano: -reservation.diem_nano,
         });
-        await trx
-          .updateTable('reservations')
-          .set({ status: 'captured', settled_at_ms: at })
-          .where('id', '=', reservationId)
-          .where('status', '=', 'held')
-          .execute();
         return {
           entries,
           usdNano: usdCharged,

@@ -297,12 +297,23 @@ function bytesOf(text: string): number[] {
   return [...Buffer.from(text, 'utf8')];
 }
 
-function planPieces(pieces: Piece[], channel: 'content' | 'reasoning', top: number): PlannedToken[] {
-  const out: PlannedToken[] = [];
+/**
+ * The tokens of the pieces, with their top alternatives. Lazy: a bounded answer (`max_tokens`) tokenizes
+ * only what it sends, and the alternatives are worked out only when they are asked for (`top` > 0).
+ */
+function* planPieces(
+  pieces: Piece[],
+  channel: 'content' | 'reasoning',
+  top: number,
+): Generator<PlannedToken, void, undefined> {
   for (const piece of pieces) {
     const tokens = encodeText(piece.text);
-    tokens.forEach((token, i) => {
+    for (const [i, token] of tokens.entries()) {
       const logprob = i === 0 ? piece.logprob : -0.0001;
+      if (top === 0) {
+        yield { channel, token, logprob, top: [] };
+        continue;
+      }
       const alternatives =
         i === 0
           ? piece.alternatives.map((a) => ({
@@ -314,10 +325,9 @@ function planPieces(pieces: Piece[], channel: 'content' | 'reasoning', top: numb
           : [{ token: decodeTokens([token]), logprob }];
       const seen = new Set<string>();
       const list = alternatives.filter((a) => !seen.has(a.token) && seen.add(a.token)).slice(0, top);
-      out.push({ channel, token, logprob, top: list.map((a) => ({ ...a, bytes: bytesOf(a.token) })) });
-    });
+      yield { channel, token, logprob, top: list.map((a) => ({ ...a, bytes: bytesOf(a.token) })) };
+    }
   }
-  return out;
 }
 
 function fixedPiece(text: string): Piece {
@@ -360,11 +370,13 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
           );
           if (reasoning.tags) {
             plan.push(
-              ...planPieces(
-                [fixedPiece('<think>\n'), ...thought, fixedPiece('\n</think>\n\n')],
-                'content',
-                topN,
-              ).map((t) => ({ ...t, channel: 'reasoning' as const })),
+              ...[
+                ...planPieces(
+                  [fixedPiece('<think>\n'), ...thought, fixedPiece('\n</think>\n\n')],
+                  'content',
+                  topN,
+                ),
+              ].map((t) => ({ ...t, channel: 'reasoning' as const })),
             );
           } else {
             plan.push(...planPieces(thought, 'reasoning', topN));

@@ -1,0 +1,224 @@
+/**
+ * The three kinds of measurement of the harness:
+ * - throughput: autocannon against one URL for a bounded time (requests/s, p50/p99 under load, failures);
+ * - latency: one connection, one request at a time, timed in microseconds (the added latency of a proxy path
+ *   is its p50/p99 minus that of the upstream called directly the same way);
+ * - streams: N concurrent SSE chats, each timed to its first event, counting how many were open at once.
+ */
+import { Agent, request } from 'node:http';
+import autocannon from 'autocannon';
+
+export type Target = {
+  url: string;
+  method: 'GET' | 'POST';
+  headers?: Record<string, string>;
+  body?: string;
+};
+
+export type Throughput = {
+  rps: number;
+  p50Ms: number;
+  p99Ms: number;
+  requests: number;
+  failures: number;
+};
+
+export async function throughput(target: Target, seconds: number, connections: number): Promise<Throughput> {
+  const result = await autocannon({
+    url: target.url,
+    method: target.method,
+    headers: target.headers ?? {},
+    ...(target.body === undefined ? {} : { body: target.body }),
+    connections,
+    duration: seconds,
+    timeout: 30,
+  });
+  return {
+    rps: result.requests.average,
+    p50Ms: result.latency.p50,
+    p99Ms: result.latency.p99,
+    requests: result['2xx'],
+    failures: result.errors + result.timeouts + result.non2xx,
+  };
+}
+
+/** One request on a keep-alive agent; resolves with the status and the whole body. */
+function send(agent: Agent, target: Target): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const url = new URL(target.url);
+    const req = request(
+      {
+        agent,
+        host: url.hostname,
+        port: url.port,
+        path: url.pathname + url.search,
+        method: target.method,
+        headers: {
+          ...(target.body === undefined
+            ? {}
+            : { 'content-type': 'application/json', 'content-length': Buffer.byteLength(target.body) }),
+          ...target.headers,
+        },
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (chunk: Buffer) => chunks.push(chunk));
+        res.on('end', () =>
+          resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }),
+        );
+        res.on('error', reject);
+      },
+    );
+    req.on('error', reject);
+    req.end(target.body);
+  });
+}
+
+/** Sends one request and throws with its body unless it succeeds (the harness checks every target first). */
+export async function probe(target: Target): Promise<string> {
+  const agent = new Agent({ keepAlive: false });
+  try {
+    const { status, body } = await send(agent, target);
+    if (status < 200 || status >= 300) throw new Error(`${target.method} ${target.url}: ${status} ${body}`);
+    return body;
+  } finally {
+    agent.destroy();
+  }
+}
+
+export type Latency = { p50Us: number; p99Us: number; count: number };
+
+function percentile(sorted: number[], p: number): number {
+  if (sorted.length === 0) return Number.NaN;
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))] ?? 0;
+}
+
+/** `count` sequential requests on one keep-alive connection after a short warm-up; microseconds. */
+export async function latency(target: Target, count: number): Promise<Latency> {
+  const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+  try {
+    for (let i = 0; i < Math.min(50, count); i++) await send(agent, target);
+    const samples: number[] = [];
+    for (let i = 0; i < count; i++) {
+      const start = process.hrtime.bigint();
+      const { status } = await send(agent, target);
+      samples.push(Number(process.hrtime.bigint() - start) / 1000);
+      if (status < 200 || status >= 300) throw new Error(`${target.url} answered ${status}`);
+    }
+    samples.sort((a, b) => a - b);
+    return { p50Us: percentile(samples, 50), p99Us: percentile(samples, 99), count };
+  } finally {
+    agent.destroy();
+  }
+}
+
+export type Streams = {
+  requested: number;
+  /** Streams that ended with `data: [DONE]`. */
+  completed: number;
+  /** Most streams open at the same moment (first byte received, end not yet). */
+  maxOpen: number;
+  ttfbP50Ms: number;
+  ttfbP99Ms: number;
+  failures: number;
+  /** One failure message, when there were failures. */
+  firstFailure?: string;
+};
+
+/** Opens `count` streamed chats at once and follows each to its end. */
+export async function streams(target: Target, count: number, timeoutMs: number): Promise<Streams> {
+  const agent = new Agent({ keepAlive: false, maxSockets: Number.POSITIVE_INFINITY });
+  const url = new URL(target.url);
+  const ttfb: number[] = [];
+  let open = 0;
+  let maxOpen = 0;
+  let completed = 0;
+  let failures = 0;
+  let firstFailure: string | undefined;
+  const fail = (message: string) => {
+    failures++;
+    firstFailure ??= message;
+  };
+  const one = () =>
+    new Promise<void>((resolve) => {
+      const start = process.hrtime.bigint();
+      let first = true;
+      let tail = '';
+      const req = request(
+        {
+          agent,
+          host: url.hostname,
+          port: url.port,
+          path: url.pathname,
+          method: 'POST',
+          headers: {
+            'content-type': 'application/json',
+            'content-length': Buffer.byteLength(target.body ?? ''),
+            ...target.headers,
+          },
+          timeout: timeoutMs,
+        },
+        (res) => {
+          if (res.statusCode !== 200) {
+            let body = '';
+            res.on('data', (c: Buffer) => {
+              body += c.toString();
+            });
+            res.on('end', () => {
+              fail(`status ${res.statusCode}: ${body.slice(0, 200)}`);
+              resolve();
+            });
+            return;
+          }
+          res.on('data', (chunk: Buffer) => {
+            if (first) {
+              first = false;
+              ttfb.push(Number(process.hrtime.bigint() - start) / 1e6);
+              open++;
+              maxOpen = Math.max(maxOpen, open);
+            }
+            tail = (tail + chunk.toString('utf8')).slice(-64);
+          });
+          res.on('end', () => {
+            if (!first) open--;
+            if (tail.includes('data: [DONE]')) completed++;
+            else fail('stream ended without [DONE]');
+            resolve();
+          });
+          res.on('error', (error) => {
+            if (!first) open--;
+            fail(error.message);
+            resolve();
+          });
+        },
+      );
+      req.on('timeout', () => req.destroy(new Error('timeout')));
+      req.on('error', (error) => {
+        fail(error.message);
+        resolve();
+      });
+      req.end(target.body);
+    });
+  try {
+    await Promise.all(Array.from({ length: count }, one));
+  } finally {
+    agent.destroy();
+  }
+  ttfb.sort((a, b) => a - b);
+  return {
+    requested: count,
+    completed,
+    maxOpen,
+    ttfbP50Ms: percentile(ttfb, 50),
+    ttfbP99Ms: percentile(ttfb, 99),
+    failures,
+    ...(firstFailure ? { firstFailure } : {}),
+  };
+}
+
+export function median(values: number[]): number {
+  const sorted = values.filter((v) => Number.isFinite(v)).sort((a, b) => a - b);
+  if (sorted.length === 0) return Number.NaN;
+  const mid = Math.floor(sorted.length / 2);
+  return sorted.length % 2 ? (sorted[mid] ?? 0) : ((sorted[mid - 1] ?? 0) + (sorted[mid] ?? 0)) / 2;
+}

@@ -1,0 +1,161 @@
+/**
+ * The benchmark report: its shape (what latest.json holds), the checks against the targets of the
+ * performance issue, and its two renderings (a terminal table and markdown for bench/results/latest.md).
+ */
+export type Row = {
+  id: string;
+  label: string;
+  rps: number;
+  p50Ms: number;
+  p99Ms: number;
+  failures: number;
+  peakRssMb: number;
+};
+
+export type Report = {
+  when: string;
+  machine: { cpus: number; cpuModel: string; memoryGb: number; node: string };
+  settings: Record<string, number | boolean>;
+  rows: Row[];
+  /** One connection, one request at a time, microseconds (medians over the rounds). */
+  sequential: Record<string, { p50Us: number; p99Us: number }>;
+  streams: {
+    requested: number;
+    completed: number;
+    maxOpen: number;
+    ttfbP50Ms: number;
+    ttfbP99Ms: number;
+    failures: number;
+    firstFailure?: string;
+    peakRssMb: number;
+    idleRssMb: number;
+  };
+};
+
+export type Check = { target: string; measured: string; ok: boolean };
+
+export function checks(report: Report): Check[] {
+  const rps = (id: string) => report.rows.find((r) => r.id === id)?.rps ?? Number.NaN;
+  const seq = (id: string) => report.sequential[id] ?? { p50Us: Number.NaN, p99Us: Number.NaN };
+  const added = (proxy: string, direct: string) => ({
+    p50: (seq(proxy).p50Us - seq(direct).p50Us) / 1000,
+    p99: (seq(proxy).p99Us - seq(direct).p99Us) / 1000,
+  });
+  const vsPrism = rps('chatSqlite') / rps('chatPrism');
+  const vsCeiling = rps('chatSqlite') / rps('ceiling');
+  const rpc = added('rpcProxy', 'rpcDirect');
+  const upstream = added('upstreamProxy', 'upstreamDirect');
+  const s = report.streams;
+  return [
+    {
+      target: 'chat (SQLite, full path) / Prism mock >= 1',
+      measured: `${vsPrism.toFixed(2)}x`,
+      ok: vsPrism >= 1,
+    },
+    {
+      target: 'chat (SQLite, full path) / node:http ceiling >= 20%',
+      measured: `${(vsCeiling * 100).toFixed(1)}%`,
+      ok: vsCeiling >= 0.2,
+    },
+    { target: 'RPC proxy added p50 <= 0.5 ms', measured: `${rpc.p50.toFixed(3)} ms`, ok: rpc.p50 <= 0.5 },
+    { target: 'RPC proxy added p99 <= 2 ms', measured: `${rpc.p99.toFixed(3)} ms`, ok: rpc.p99 <= 2 },
+    {
+      target: 'chat upstream adapter added p50 <= 0.5 ms',
+      measured: `${upstream.p50.toFixed(3)} ms`,
+      ok: upstream.p50 <= 0.5,
+    },
+    {
+      target: 'chat upstream adapter added p99 <= 2 ms',
+      measured: `${upstream.p99.toFixed(3)} ms`,
+      ok: upstream.p99 <= 2,
+    },
+    {
+      target: '>= 1,000 concurrent SSE streams in one process',
+      measured: `${s.maxOpen} open at once, ${s.completed}/${s.requested} completed`,
+      ok: s.maxOpen >= 1000 && s.completed === s.requested,
+    },
+    {
+      target: 'peak memory of the streaming process < 300 MB',
+      measured: `${s.peakRssMb.toFixed(0)} MB`,
+      ok: s.peakRssMb < 300,
+    },
+  ];
+}
+
+const fmt = (n: number, digits = 0) => (Number.isFinite(n) ? n.toFixed(digits) : 'n/a');
+
+function tables(report: Report): { head: string[]; rows: string[][] }[] {
+  const ceiling = report.rows.find((r) => r.id === 'ceiling')?.rps ?? Number.NaN;
+  const s = report.streams;
+  return [
+    {
+      head: ['target', 'req/s', 'vs ceiling', 'p50 ms', 'p99 ms', 'failures', 'peak RSS MB'],
+      rows: report.rows.map((r) => [
+        r.label,
+        fmt(r.rps),
+        `${fmt((r.rps / ceiling) * 100, 1)}%`,
+        fmt(r.p50Ms, 1),
+        fmt(r.p99Ms, 1),
+        String(r.failures),
+        fmt(r.peakRssMb),
+      ]),
+    },
+    {
+      head: ['one connection, sequential', 'p50 µs', 'p99 µs'],
+      rows: Object.entries(report.sequential).map(([id, l]) => [id, fmt(l.p50Us), fmt(l.p99Us)]),
+    },
+    {
+      head: [
+        'streams',
+        'requested',
+        'open at once',
+        'completed',
+        'TTFB p50 ms',
+        'TTFB p99 ms',
+        'peak RSS MB',
+      ],
+      rows: [
+        [
+          'SSE chats, local engine',
+          String(s.requested),
+          String(s.maxOpen),
+          String(s.completed),
+          fmt(s.ttfbP50Ms, 1),
+          fmt(s.ttfbP99Ms, 1),
+          fmt(s.peakRssMb),
+        ],
+      ],
+    },
+    {
+      head: ['target of the issue', 'measured', 'met'],
+      rows: checks(report).map((c) => [c.target, c.measured, c.ok ? 'yes' : 'NO']),
+    },
+  ];
+}
+
+export function renderTable(report: Report): string {
+  return tables(report)
+    .map(({ head, rows }) => {
+      const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
+      const line = (cells: string[]) => cells.map((c, i) => c.padEnd(widths[i] ?? 0)).join('  ');
+      return [line(head), widths.map((w) => '-'.repeat(w)).join('  '), ...rows.map(line)].join('\n');
+    })
+    .join('\n\n');
+}
+
+export function renderMarkdown(report: Report): string {
+  const m = report.machine;
+  const parts = [
+    '# Benchmark results',
+    '',
+    `${report.when}; ${m.cpus} CPUs (${m.cpuModel}), ${m.memoryGb} GB, Node ${m.node}; settings ${JSON.stringify(report.settings)}.`,
+    'Throughput rows are medians over interleaved rounds; `npm run bench` reproduces them.',
+    '',
+  ];
+  for (const { head, rows } of tables(report)) {
+    parts.push(`| ${head.join(' | ')} |`, `|${head.map(() => '---').join('|')}|`);
+    for (const row of rows) parts.push(`| ${row.join(' | ')} |`);
+    parts.push('');
+  }
+  return `${parts.join('\n')}`;
+}

@@ -1,0 +1,333 @@
+/**
+ * `npm run bench`: the performance harness. Starts, on loopback only, a bare `node:http` JSON server (the
+ * ceiling), this server on SQLite and on PostgreSQL (separate processes, production settings), the Prism mock,
+ * anvil, a minimal OpenAI-compatible upstream and a streaming instance; then measures them interleaved
+ * (round 1: A B C …, round 2: A B C …) so that a noisy machine affects every target alike, and reports the
+ * medians and the ratios against the targets of the performance issue. Writes bench/results/latest.json and
+ * latest.md. Every process it starts is stopped by its pid, also when a step fails or on Ctrl-C.
+ *
+ * Knobs: `--quick` (or BENCH_QUICK=1): 2 rounds of 2 s, 500 streams; BENCH_DURATION (seconds per
+ * throughput run, default 4), BENCH_ROUNDS (default 3), BENCH_CONNECTIONS (default 16), BENCH_STREAMS
+ * (default 1000), BENCH_LATENCY_COUNT (sequential requests per latency run, default 400).
+ */
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, tmpdir, totalmem } from 'node:os';
+import { join } from 'node:path';
+import { startPrism } from '../mocks/prism.ts';
+import { startAnvil } from '../test/support/anvil.ts';
+import { repoRoot } from '../test/support/contract.ts';
+import { startPostgres } from '../test/support/postgres.ts';
+import {
+  type Latency,
+  latency,
+  median,
+  probe,
+  type Streams,
+  streams,
+  type Target,
+  type Throughput,
+  throughput,
+} from './measure.ts';
+import { type Child, rssOf, startNodeChild, stopAll, track } from './processes.ts';
+import { type Report, renderMarkdown, renderTable } from './report.ts';
+import { catalogOverride, fundedKey } from './setup.ts';
+
+const quick = process.argv.includes('--quick') || process.env.BENCH_QUICK === '1';
+const int = (name: string, fallback: number) => {
+  const value = Number.parseInt(process.env[name] ?? '', 10);
+  return Number.isSafeInteger(value) && value > 0 ? value : fallback;
+};
+const settings = {
+  quick,
+  durationS: int('BENCH_DURATION', quick ? 2 : 4),
+  rounds: int('BENCH_ROUNDS', quick ? 2 : 3),
+  connections: int('BENCH_CONNECTIONS', 16),
+  streams: int('BENCH_STREAMS', quick ? 500 : 1000),
+  latencyCount: int('BENCH_LATENCY_COUNT', quick ? 200 : 400),
+};
+
+const log = (message: string) => process.stderr.write(`[bench] ${message}\n`);
+const scratch = mkdtempSync(join(tmpdir(), 'svc-bench-'));
+
+function serverEnv(databaseUrl: string, catalogPath: string, extra: Record<string, string>) {
+  return {
+    NODE_ENV: 'production',
+    LOG_LEVEL: 'warn',
+    DATABASE_URL: databaseUrl,
+    ADMIN_API_KEY: `svc_admin_${randomBytes(24).toString('hex')}`,
+    SERVICE_CONFIG: catalogPath,
+    LOCAL_CHAT_TOKEN_DELAY_MS: '0',
+    VIDEO_WORKER_ENABLED: 'false',
+    RPC_REQUESTS_PER_MINUTE: '1000000000',
+    RPC_STAFF_REQUESTS_PER_MINUTE: '1000000000',
+    RPC_CREDITS_PER_DAY: '1000000000000',
+    ...extra,
+  };
+}
+
+const chatBody = (model: string, stream: boolean, maxTokens: number) =>
+  JSON.stringify({
+    model,
+    messages: [{ role: 'user', content: 'Say hello to the benchmark.' }],
+    max_tokens: maxTokens,
+    ...(stream ? { stream: true } : {}),
+  });
+const json = (key?: string) => ({
+  'content-type': 'application/json',
+  ...(key ? { authorization: `Bearer ${key}` } : {}),
+});
+
+async function main(): Promise<Report> {
+  log(`settings: ${JSON.stringify(settings)}`);
+  const upstream = await startNodeChild('upstream', 'bench/upstream.ts', {}, '/');
+  const catalogPath = join(scratch, 'catalog.yaml');
+  writeFileSync(catalogPath, catalogOverride(upstream.origin));
+
+  log('starting PostgreSQL, anvil and the Prism mock');
+  const [postgres, anvil, prism] = await Promise.all([
+    startPostgres(),
+    startAnvil(),
+    startPrism({ mode: 'mock', specPath: join(repoRoot, 'generated', 'openapi.yaml'), host: '127.0.0.1' }),
+  ]);
+  track(-1, () => postgres.stop());
+  track(anvil.pid, () => anvil.stop());
+  track(prism.pid, () => prism.stop());
+
+  const sqliteUrl = `sqlite:${join(scratch, 'bench.db')}`;
+  const postgresUrl = await postgres.createDatabase('bench');
+  const streamsUrl = `sqlite:${join(scratch, 'streams.db')}`;
+  const [sqliteKey, postgresKey, streamsKey] = [
+    await fundedKey(sqliteUrl),
+    await fundedKey(postgresUrl),
+    await fundedKey(streamsUrl),
+  ];
+
+  log('starting the ceiling and the servers');
+  const rpcEnv = { RPC_UPSTREAM_BASE_MAINNET: anvil.url };
+  const ceiling = await startNodeChild('ceiling', 'bench/ceiling.ts', {});
+  const onSqlite = await startNodeChild(
+    'server (SQLite)',
+    'server/main.ts',
+    serverEnv(sqliteUrl, catalogPath, rpcEnv),
+    '/healthz',
+  );
+  const onPostgres = await startNodeChild(
+    'server (PostgreSQL)',
+    'server/main.ts',
+    serverEnv(postgresUrl, catalogPath, rpcEnv),
+    '/healthz',
+  );
+
+  const api = (server: Child) => `${server.origin}/api/v1`;
+  const rpcBody = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'eth_blockNumber', params: [] });
+  const throughputTargets: Array<{ id: string; label: string; target: Target; child: Child | number }> = [
+    {
+      id: 'ceiling',
+      label: 'bare node:http JSON handler (ceiling)',
+      target: { url: `${ceiling.origin}/`, method: 'GET' },
+      child: ceiling,
+    },
+    {
+      id: 'models',
+      label: 'GET /models',
+      target: { url: `${api(onSqlite)}/models`, method: 'GET' },
+      child: onSqlite,
+    },
+    {
+      id: 'chatSqlite',
+      label: 'chat, local engine, API key, SQLite (full path)',
+      target: {
+        url: `${api(onSqlite)}/chat/completions`,
+        method: 'POST',
+        headers: json(sqliteKey),
+        body: chatBody('llama-3.3-70b', false, 16),
+      },
+      child: onSqlite,
+    },
+    {
+      id: 'chatPostgres',
+      label: 'chat, local engine, API key, PostgreSQL (full path)',
+      target: {
+        url: `${api(onPostgres)}/chat/completions`,
+        method: 'POST',
+        headers: json(postgresKey),
+        body: chatBody('llama-3.3-70b', false, 16),
+      },
+      child: onPostgres,
+    },
+    {
+      id: 'chatPrism',
+      label: 'chat on the Prism mock (no auth, no billing)',
+      target: {
+        url: `${prism.url}/chat/completions`,
+        method: 'POST',
+        headers: json('mock-key'),
+        body: chatBody('llama-3.3-70b', false, 16),
+      },
+      child: prism.pid,
+    },
+    {
+      id: 'rpcProxy',
+      label: 'RPC proxy -> anvil (eth_blockNumber)',
+      target: {
+        url: `${api(onSqlite)}/crypto/rpc/base-mainnet`,
+        method: 'POST',
+        headers: json(sqliteKey),
+        body: rpcBody,
+      },
+      child: onSqlite,
+    },
+    {
+      id: 'rpcDirect',
+      label: 'anvil directly (eth_blockNumber)',
+      target: { url: anvil.url, method: 'POST', headers: json(), body: rpcBody },
+      child: anvil.pid,
+    },
+    {
+      id: 'upstreamProxy',
+      label: 'chat upstream adapter -> local upstream (streamed)',
+      target: {
+        url: `${api(onSqlite)}/chat/completions`,
+        method: 'POST',
+        headers: json(sqliteKey),
+        body: chatBody('bench-upstream', true, 16),
+      },
+      child: onSqlite,
+    },
+    {
+      id: 'upstreamDirect',
+      label: 'local upstream directly (streamed)',
+      target: {
+        url: `${upstream.origin}/v1/chat/completions`,
+        method: 'POST',
+        headers: json(),
+        body: chatBody('bench-upstream', true, 16),
+      },
+      child: upstream,
+    },
+  ];
+
+  log('checking every target once');
+  for (const { id, target } of throughputTargets) {
+    const body = await probe(target).catch((error: unknown) => {
+      throw new Error(`${id}: ${(error as Error).message}`);
+    });
+    if (id === 'upstreamProxy' && !body.includes('"content":" bench"')) {
+      throw new Error(`upstreamProxy did not reach the upstream: ${body.slice(0, 200)}`);
+    }
+  }
+
+  const runs = new Map<string, Throughput[]>(throughputTargets.map((t) => [t.id, []]));
+  const latencies = new Map<string, Latency[]>();
+  const latencyPairs = ['rpcProxy', 'rpcDirect', 'upstreamProxy', 'upstreamDirect'];
+  for (let round = 1; round <= settings.rounds; round++) {
+    for (const { id, target } of throughputTargets) {
+      const result = await throughput(target, settings.durationS, settings.connections);
+      runs.get(id)?.push(result);
+      log(
+        `round ${round} ${id}: ${result.rps.toFixed(0)} req/s, p50 ${result.p50Ms} ms, p99 ${result.p99Ms} ms` +
+          (result.failures ? `, ${result.failures} failures` : ''),
+      );
+    }
+    for (const id of latencyPairs) {
+      const target = throughputTargets.find((t) => t.id === id)?.target;
+      if (!target) continue;
+      const result = await latency(target, settings.latencyCount);
+      latencies.set(id, [...(latencies.get(id) ?? []), result]);
+      log(
+        `round ${round} ${id} sequential: p50 ${result.p50Us.toFixed(0)} µs, p99 ${result.p99Us.toFixed(0)} µs`,
+      );
+    }
+  }
+
+  const peakOf = (child: Child | number) => (typeof child === 'number' ? rssOf(child).peak : child.peakRss());
+  const rows = throughputTargets.map(({ id, label, child }) => {
+    const results = runs.get(id) ?? [];
+    return {
+      id,
+      label,
+      rps: median(results.map((r) => r.rps)),
+      p50Ms: median(results.map((r) => r.p50Ms)),
+      p99Ms: median(results.map((r) => r.p99Ms)),
+      failures: results.reduce((sum, r) => sum + r.failures, 0),
+      peakRssMb: peakOf(child) / 2 ** 20,
+    };
+  });
+  const sequential = Object.fromEntries(
+    [...latencies.entries()].map(([id, results]) => [
+      id,
+      { p50Us: median(results.map((r) => r.p50Us)), p99Us: median(results.map((r) => r.p99Us)) },
+    ]),
+  );
+
+  // Streams: a separate server whose engine paces tokens, so that every stream stays open for seconds.
+  await Promise.all([onPostgres.stop(), ceiling.stop()]);
+  const streaming = await startNodeChild(
+    'server (streams)',
+    'server/main.ts',
+    serverEnv(streamsUrl, catalogPath, { LOCAL_CHAT_TOKEN_DELAY_MS: '20' }),
+    '/healthz',
+  );
+  log(`opening ${settings.streams} concurrent streams`);
+  const baseRss = streaming.rss();
+  let peakDuringStreams = baseRss;
+  const sampler = setInterval(() => {
+    peakDuringStreams = Math.max(peakDuringStreams, streaming.rss());
+  }, 100);
+  let streamResult: Streams;
+  try {
+    streamResult = await streams(
+      {
+        url: `${api(streaming)}/chat/completions`,
+        method: 'POST',
+        headers: json(streamsKey),
+        body: chatBody('llama-3.3-70b', true, 200),
+      },
+      settings.streams,
+      120_000,
+    );
+  } finally {
+    clearInterval(sampler);
+  }
+  const streamsPeakRss = Math.max(peakDuringStreams, streaming.peakRss());
+  log(`streams: ${JSON.stringify(streamResult)}; peak RSS ${(streamsPeakRss / 2 ** 20).toFixed(0)} MB`);
+
+  return {
+    when: new Date().toISOString(),
+    machine: {
+      cpus: cpus().length,
+      cpuModel: cpus()[0]?.model ?? 'unknown',
+      memoryGb: Math.round(totalmem() / 2 ** 30),
+      node: process.version,
+    },
+    settings,
+    rows,
+    sequential,
+    streams: { ...streamResult, peakRssMb: streamsPeakRss / 2 ** 20, idleRssMb: baseRss / 2 ** 20 },
+  };
+}
+
+let exitCode = 0;
+const interrupted = () => {
+  log('interrupted: stopping every process');
+  void stopAll().finally(() => process.exit(130));
+};
+process.on('SIGINT', interrupted);
+process.on('SIGTERM', interrupted);
+try {
+  const report = await main();
+  const dir = join(repoRoot, 'bench', 'results');
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, 'latest.json'), `${JSON.stringify(report, null, 2)}\n`);
+  writeFileSync(join(dir, 'latest.md'), renderMarkdown(report));
+  process.stdout.write(`${renderTable(report)}\n`);
+  log('wrote bench/results/latest.json and bench/results/latest.md');
+} catch (error) {
+  exitCode = 1;
+  log(`failed: ${(error as Error).stack ?? String(error)}`);
+} finally {
+  await stopAll();
+  rmSync(scratch, { recursive: true, force: true });
+}
+process.exit(exitCode);

@@ -1,0 +1,39 @@
+/**
+ * A small read-through cache with a time bound: `get(key)` loads once per `ttlMs` (concurrent callers share
+ * the load in flight), `delete(key)` forgets at once. For slowly changing facts read on every request (an
+ * account's tier), never for money: balances and reservations always go to the database.
+ */
+export type TtlCache<K, V> = { get(key: K): Promise<V>; delete(key: K): void };
+
+export function createTtlCache<K, V>(
+  load: (key: K) => Promise<V>,
+  options: { ttlMs: number; maxEntries?: number; now?: () => number },
+): TtlCache<K, V> {
+  const now = options.now ?? Date.now;
+  const maxEntries = options.maxEntries ?? 10_000;
+  const entries = new Map<K, { value: Promise<V>; until: number }>();
+  return {
+    get(key) {
+      if (options.ttlMs <= 0) return load(key);
+      const at = now();
+      const hit = entries.get(key);
+      if (hit && hit.until > at) return hit.value;
+      if (hit) entries.delete(key);
+      if (entries.size >= maxEntries) {
+        const oldest = entries.keys().next().value;
+        if (oldest !== undefined) entries.delete(oldest);
+      }
+      const value = load(key);
+      const entry = { value, until: at + options.ttlMs };
+      entries.set(key, entry);
+      // A failed load is not kept: the next caller tries again.
+      value.catch(() => {
+        if (entries.get(key) === entry) entries.delete(key);
+      });
+      return value;
+    },
+    delete(key) {
+      entries.delete(key);
+    },
+  };
+}

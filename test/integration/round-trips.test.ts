@@ -1,0 +1,166 @@
+/**
+ * Database round trips per request, counted at the driver (every statement, `begin` and `commit` included),
+ * so that the hot paths cannot quietly regress: a chat completion, a JSON-RPC call, and the reservation and
+ * capture inside them. Runs on SQLite and on a real PostgreSQL; the counts are the same on both engines.
+ */
+
+import { mkdtempSync, rmSync } from 'node:fs';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createApp } from '../../server/app.ts';
+import { loadConfig } from '../../server/config.ts';
+import { parseUsdToNano } from '../../server/money.ts';
+import { createServices, type Services } from '../../server/services.ts';
+import { type StartedAnvil, startAnvil } from '../support/anvil.ts';
+import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+
+let anvil: StartedAnvil;
+let postgres: StartedPostgres;
+const scratch = mkdtempSync(join(tmpdir(), 'round-trips-'));
+
+beforeAll(async () => {
+  [anvil, postgres] = await Promise.all([startAnvil(), startPostgres()]);
+}, 120_000);
+
+afterAll(async () => {
+  await Promise.all([anvil?.stop(), postgres?.stop()]);
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+type Counted = {
+  base: string;
+  services: Services;
+  key: string;
+  /** The statements sent while `fn` ran. */
+  during(fn: () => Promise<unknown>): Promise<string[]>;
+  close(): Promise<void>;
+};
+
+async function start(databaseUrl: string): Promise<Counted> {
+  let recording: string[] | undefined;
+  const config = loadConfig({
+    NODE_ENV: 'test',
+    LOG_LEVEL: 'silent',
+    DATABASE_URL: databaseUrl,
+    VIDEO_WORKER_ENABLED: 'false',
+    RPC_UPSTREAM_BASE_MAINNET: anvil.url,
+    // Long enough that the warm-up request's key lookup is still cached when the counted one runs.
+    API_KEY_CACHE_TTL_MS: '60000',
+  });
+  const services = await createServices(config, pino({ level: 'silent' }), {
+    database: { onQuery: (sql) => recording?.push(sql) },
+  });
+  const server = createApp(services.app).listen(0, '127.0.0.1');
+  await new Promise<void>((resolve) => server.once('listening', () => resolve()));
+  const account = await services.accounts.createApiAccount({});
+  await services.ledger.topUp({ accountId: account.id, amountNano: parseUsdToNano('50') });
+  const { secret } = await services.keys.create({ accountId: account.id, keyType: 'INFERENCE' });
+  return {
+    base: `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`,
+    services,
+    key: secret,
+    async during(fn) {
+      // Let fire-and-forget work of earlier requests finish first.
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      recording = [];
+      try {
+        await fn();
+        await new Promise((resolve) => setTimeout(resolve, 50));
+        // The key's last-used time is written at most once a second per key, off the request's path.
+        return recording.filter((s) => !s.startsWith('update "api_keys" set "last_used_at_ms"'));
+      } finally {
+        recording = undefined;
+      }
+    },
+    async close() {
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await services.close();
+    },
+  };
+}
+
+/** The statements of each transaction (`begin` … `commit`) among `statements`. */
+function transactions(statements: string[]): string[][] {
+  const found: string[][] = [];
+  let open: string[] | undefined;
+  for (const statement of statements) {
+    if (statement === 'begin') open = [];
+    else if (statement === 'commit' && open) {
+      found.push(open);
+      open = undefined;
+    } else open?.push(statement);
+  }
+  return found;
+}
+
+const reservation = (tx: string[]) => tx.some((s) => s.startsWith('insert into "reservations"'));
+const capture = (tx: string[]) => tx.some((s) => s.startsWith('insert into "ledger_entries"'));
+
+// Statements inside a transaction, `begin` and `commit` not counted. A reservation: lock the account (with the
+// key's spend limits), insert the reservation, raise the reserved amount. A capture: lock the account, claim
+// the reservation, insert the entries (one statement), settle the balance.
+const RESERVE = 3;
+const CAPTURE = 4;
+
+const engines = [
+  // The RPC credit cap locks its subject row with a separate statement on PostgreSQL.
+  { name: 'SQLite', url: () => `sqlite:${join(scratch, 'db.sqlite')}`, chat: 16, rpc: 18 },
+  { name: 'PostgreSQL', url: () => postgres.createDatabase('round_trips'), chat: 16, rpc: 19 },
+];
+
+describe.each(engines)('round trips on $name', ({ url, chat: chatStatements, rpc: rpcStatements }) => {
+  let server: Counted;
+  beforeAll(async () => {
+    server = await start(await url());
+  }, 60_000);
+  afterAll(async () => {
+    await server?.close();
+  });
+
+  const chat = () =>
+    fetch(`${server.base}/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${server.key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        model: 'llama-3.3-70b',
+        messages: [{ role: 'user', content: 'Hi' }],
+        max_tokens: 8,
+      }),
+    }).then(async (response) => {
+      expect(response.status).toBe(200);
+      return response.json();
+    });
+
+  const rpc = () =>
+    fetch(`${server.base}/crypto/rpc/base-mainnet`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${server.key}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'eth_blockNumber', params: [] }),
+    }).then(async (response) => {
+      expect(response.status).toBe(200);
+      return response.json();
+    });
+
+  test('a chat completion: no key lookup (cached), one reservation and one capture of few statements', async () => {
+    await chat(); // warm: the key lookup, its last-used time, the first rate-limit windows
+    const statements = await server.during(chat);
+    expect(statements.filter((s) => s.startsWith('select * from "api_keys"'))).toEqual([]);
+    const txs = transactions(statements);
+    expect(txs.filter(reservation).map((tx) => tx.length)).toEqual([RESERVE]);
+    expect(txs.filter(capture).map((tx) => tx.length)).toEqual([CAPTURE]);
+    expect(statements.length, statements.join('\n')).toBe(chatStatements);
+  });
+
+  test('a JSON-RPC call: one reservation and one capture of few statements', async () => {
+    await rpc();
+    const statements = await server.during(rpc);
+    const txs = transactions(statements);
+    expect(txs.filter(reservation).map((tx) => tx.length)).toEqual([RESERVE]);
+    expect(txs.filter(capture).map((tx) => tx.length)).toEqual([CAPTURE]);
+    expect(statements.length, statements.join('\n')).toBe(rpcStatements);
+  });
+});
