@@ -7,25 +7,21 @@
  * broadcast stays pending while it is valid and fails (nothing credited) once the chain passes `validBefore`.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { encodePaymentSignatureHeader } from '@x402/core/http';
 import type { PaymentRequired } from '@x402/core/types';
 import { ExactEvmScheme } from '@x402/evm/exact/client';
 import { x402Client } from '@x402/fetch';
-import { pino } from 'pino';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createApp } from '../../server/app.ts';
-import { loadConfig } from '../../server/config.ts';
 import type { Facilitator } from '../../server/providers/x402/facilitator.ts';
 import { createInProcessFacilitator } from '../../server/providers/x402/in-process.ts';
-import { createServices, type Services } from '../../server/services.ts';
+import type { Services } from '../../server/services.ts';
 import { createX402Payments } from '../../server/storage/x402-payments.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
-import { withCoverage } from '../support/coverage.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { startServer as startTestServer } from '../support/server.ts';
 import { installTestUsdc, mintUsdc, usdcBalance } from '../support/x402/contracts.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-reconcile-'));
@@ -53,29 +49,17 @@ async function newAnvil(): Promise<StartedAnvil> {
 /** A server instance on `db`; its facilitator is the configured in-process one unless one is given. */
 /** `db`: a name for a SQLite file in the scratch directory, or a PostgreSQL URL. */
 async function startInstance(anvil: StartedAnvil, db: string, facilitator?: Facilitator) {
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    LOG_LEVEL: 'silent',
-    DATABASE_URL: db.startsWith('postgres') ? db : `sqlite:${join(scratch, `${db}.db`)}`,
-    PUBLIC_ORIGIN: 'https://api.example.test',
-    X402_PAY_TO_BASE: PAY_TO,
-    X402_BASE_RPC_URL: anvil.url,
-    X402_FACILITATOR_PRIVATE_KEY: ANVIL_PRIVATE_KEYS[0],
-  });
-  const services = await createServices(
-    config,
-    pino({ level: 'silent' }),
-    facilitator ? { facilitator } : {},
+  const { services, base, close } = await startTestServer(
+    db.startsWith('postgres') ? db : `sqlite:${join(scratch, `${db}.db`)}`,
+    {
+      PUBLIC_ORIGIN: 'https://api.example.test',
+      X402_PAY_TO_BASE: PAY_TO,
+      X402_BASE_RPC_URL: anvil.url,
+      X402_FACILITATOR_PRIVATE_KEY: ANVIL_PRIVATE_KEYS[0],
+    },
+    { services: facilitator ? { facilitator } : {} },
   );
-  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
-  await new Promise<void>((resolve) => server.once('listening', () => resolve()));
-  const close = async () => {
-    server.closeAllConnections();
-    await new Promise<void>((resolve) => server.close(() => resolve()));
-    await services.close();
-  };
   cleanups.push(close);
-  const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
   const topUp = async (body: unknown, headers: Record<string, string> = {}) => {
     const response = await fetch(`${base}/x402/top-up`, {
       method: 'POST',
