@@ -4,8 +4,8 @@
  * A signed payment has a deterministic key; `claim` inserts its row (`settling`, with a lease) with
  * `ON CONFLICT DO NOTHING`, so of concurrent submissions of one payment exactly one goes on to settle. The
  * row then becomes `settled` (credited: the ledger's TOP_UP is unique per (network, transaction)), `pending`
- * (broadcast, not confirmed: the reconciler settles it again later) or `failed` (nothing moved; the same
- * payment may be submitted again). A `settling` row whose lease passed belongs to a dead process and is
+ * (broadcast, not confirmed: the reconciler resolves it later, from the chain where it can) or `failed`
+ * (nothing moved; the same payment may be submitted again). A `settling` row whose lease passed belongs to a dead process and is
  * reconciled like a pending one. Also the database-backed x402 `PendingSettlementStore`.
  */
 import type { PendingSettlementStore } from '@x402/core/facilitator';

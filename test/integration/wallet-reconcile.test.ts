@@ -3,28 +3,25 @@
  * the process that sent it records nothing more (it dies mid-settle, or its settle call fails after the
  * broadcast). Fresh server instances on the same database then reconcile from the chain (the token's
  * `authorizationState` and `AuthorizationUsed` log): the payment is credited exactly once, with one TOP_UP,
- * also when two instances reconcile at once and when reconciliation runs again. An authorization that was never
+ * also when two instances reconcile at once (on SQLite and on PostgreSQL) and when reconciliation runs again. An authorization that was never
  * broadcast stays pending while it is valid and fails (nothing credited) once the chain passes `validBefore`.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { encodePaymentSignatureHeader } from '@x402/core/http';
 import type { PaymentRequired } from '@x402/core/types';
 import { ExactEvmScheme } from '@x402/evm/exact/client';
 import { x402Client } from '@x402/fetch';
-import { pino } from 'pino';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createApp } from '../../server/app.ts';
-import { loadConfig } from '../../server/config.ts';
 import type { Facilitator } from '../../server/providers/x402/facilitator.ts';
 import { createInProcessFacilitator } from '../../server/providers/x402/in-process.ts';
-import { createServices, type Services } from '../../server/services.ts';
+import type { Services } from '../../server/services.ts';
 import { createX402Payments } from '../../server/storage/x402-payments.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
-import { withCoverage } from '../support/coverage.ts';
+import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { startServer as startTestServer } from '../support/server.ts';
 import { installTestUsdc, mintUsdc, usdcBalance } from '../support/x402/contracts.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-reconcile-'));
@@ -50,30 +47,19 @@ async function newAnvil(): Promise<StartedAnvil> {
 }
 
 /** A server instance on `db`; its facilitator is the configured in-process one unless one is given. */
+/** `db`: a name for a SQLite file in the scratch directory, or a PostgreSQL URL. */
 async function startInstance(anvil: StartedAnvil, db: string, facilitator?: Facilitator) {
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    LOG_LEVEL: 'silent',
-    DATABASE_URL: `sqlite:${join(scratch, `${db}.db`)}`,
-    PUBLIC_ORIGIN: 'https://api.example.test',
-    X402_PAY_TO_BASE: PAY_TO,
-    X402_BASE_RPC_URL: anvil.url,
-    X402_FACILITATOR_PRIVATE_KEY: ANVIL_PRIVATE_KEYS[0],
-  });
-  const services = await createServices(
-    config,
-    pino({ level: 'silent' }),
-    facilitator ? { facilitator } : {},
+  const { services, base, close } = await startTestServer(
+    db.startsWith('postgres') ? db : `sqlite:${join(scratch, `${db}.db`)}`,
+    {
+      PUBLIC_ORIGIN: 'https://api.example.test',
+      X402_PAY_TO_BASE: PAY_TO,
+      X402_BASE_RPC_URL: anvil.url,
+      X402_FACILITATOR_PRIVATE_KEY: ANVIL_PRIVATE_KEYS[0],
+    },
+    { services: facilitator ? { facilitator } : {} },
   );
-  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
-  await new Promise<void>((resolve) => server.once('listening', () => resolve()));
-  const close = async () => {
-    server.closeAllConnections();
-    await new Promise<void>((resolve) => server.close(() => resolve()));
-    await services.close();
-  };
   cleanups.push(close);
-  const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
   const topUp = async (body: unknown, headers: Record<string, string> = {}) => {
     const response = await fetch(`${base}/x402/top-up`, {
       method: 'POST',
@@ -106,6 +92,17 @@ async function walletState(services: Services, address: string) {
   };
 }
 
+let postgres: StartedPostgres | undefined;
+/** A fresh database on a PostgreSQL server started on first use (stopped after the file). */
+async function postgresDatabase(name: string): Promise<string> {
+  if (!postgres) {
+    postgres = await startPostgres();
+    const started = postgres;
+    cleanups.unshift(() => started.stop());
+  }
+  return postgres.createDatabase(name);
+}
+
 function deferred() {
   let resolve!: () => void;
   const promise = new Promise<void>((r) => {
@@ -121,73 +118,77 @@ describe('x402 top-up crash window', () => {
   });
 
   test.each([
-    ['the process dies after the broadcast (row left settling)', 'dies'],
-    ['settle fails after the broadcast (row left pending without a transaction)', 'throws'],
-  ] as const)('behavior: %s -> reconciled from the chain and credited exactly once', async (_name, mode) => {
-    const db = `crash-${mode}`;
-    const real = await createInProcessFacilitator({
-      evm: { rpcUrl: anvil.url, privateKey: ANVIL_PRIVATE_KEYS[0] },
-    });
-    const broadcast = deferred();
-    let settled: Awaited<ReturnType<Facilitator['settle']>> | undefined;
-    // Our facilitator port around the real one: the transfer really settles on chain, then nothing that
-    // follows it in this process happens.
-    const crashing: Facilitator = {
-      verify: (payload, requirements) => real.verify(payload, requirements),
-      supported: () => real.supported(),
-      settle: async (payload, requirements) => {
-        settled = await real.settle(payload, requirements);
-        broadcast.resolve();
-        if (mode === 'throws') throw new Error('connection reset after the broadcast');
-        return new Promise<never>(() => {});
-      },
-    };
-    const first = await startInstance(anvil, db, crashing);
-    const { header, payer } = await signedPayment(anvil, first.topUp);
-    const answer = first.topUp({ amountUsd: 5 }, { 'PAYMENT-SIGNATURE': header }).catch(() => undefined);
-    await broadcast.promise;
-    expect(settled?.success).toBe(true);
-    if (mode === 'throws') {
-      const answered = await answer;
-      expect(answered?.status).toBe(504);
-      expect(answered?.body.code).toBe('SETTLEMENT_TIMEOUT');
-    }
-    // The money moved on chain; nothing was credited.
-    expect(await usdcBalance(anvil.url, payer)).toBe(15_000_000n);
-    expect(await usdcBalance(anvil.url, PAY_TO)).toBeGreaterThanOrEqual(5_000_000n);
-    expect((await walletState(first.services, payer)).entries).toHaveLength(0);
-    const [row] = await first.services.database.db.selectFrom('x402_payments').selectAll().execute();
-    expect(row?.status).toBe(mode === 'dies' ? 'settling' : 'pending');
+    ['the process dies after the broadcast (row left settling)', 'dies', 'sqlite'],
+    ['settle fails after the broadcast (row left pending without a transaction)', 'throws', 'sqlite'],
+    ['the process dies after the broadcast, on PostgreSQL', 'dies', 'postgres'],
+  ] as const)(
+    'behavior: %s -> reconciled from the chain and credited exactly once',
+    async (_name, mode, engine) => {
+      const db = engine === 'postgres' ? await postgresDatabase(`crash_${mode}`) : `crash-${mode}`;
+      const real = await createInProcessFacilitator({
+        evm: { rpcUrl: anvil.url, privateKey: ANVIL_PRIVATE_KEYS[0] },
+      });
+      const broadcast = deferred();
+      let settled: Awaited<ReturnType<Facilitator['settle']>> | undefined;
+      // Our facilitator port around the real one: the transfer really settles on chain, then nothing that
+      // follows it in this process happens.
+      const crashing: Facilitator = {
+        verify: (payload, requirements) => real.verify(payload, requirements),
+        supported: () => real.supported(),
+        settle: async (payload, requirements) => {
+          settled = await real.settle(payload, requirements);
+          broadcast.resolve();
+          if (mode === 'throws') throw new Error('connection reset after the broadcast');
+          return new Promise<never>(() => {});
+        },
+      };
+      const first = await startInstance(anvil, db, crashing);
+      const { header, payer } = await signedPayment(anvil, first.topUp);
+      const answer = first.topUp({ amountUsd: 5 }, { 'PAYMENT-SIGNATURE': header }).catch(() => undefined);
+      await broadcast.promise;
+      expect(settled?.success).toBe(true);
+      if (mode === 'throws') {
+        const answered = await answer;
+        expect(answered?.status).toBe(504);
+        expect(answered?.body.code).toBe('SETTLEMENT_TIMEOUT');
+      }
+      // The money moved on chain; nothing was credited.
+      expect(await usdcBalance(anvil.url, payer)).toBe(15_000_000n);
+      expect(await usdcBalance(anvil.url, PAY_TO)).toBeGreaterThanOrEqual(5_000_000n);
+      expect((await walletState(first.services, payer)).entries).toHaveLength(0);
+      const [row] = await first.services.database.db.selectFrom('x402_payments').selectAll().execute();
+      expect(row?.status).toBe(mode === 'dies' ? 'settling' : 'pending');
 
-    // Two fresh instances on the same database reconcile at once, after the dead process's lease.
-    const second = await startInstance(anvil, db);
-    const third = await startInstance(anvil, db);
-    const later = Date.now() + AFTER_LEASE_MS;
-    await Promise.all([
-      second.services.wallet.housekeeping(later),
-      third.services.wallet.housekeeping(later),
-    ]);
-    await second.services.wallet.housekeeping(later + AFTER_LEASE_MS);
-    await third.services.wallet.housekeeping(later + AFTER_LEASE_MS);
+      // Two fresh instances on the same database reconcile at once, after the dead process's lease.
+      const second = await startInstance(anvil, db);
+      const third = await startInstance(anvil, db);
+      const later = Date.now() + AFTER_LEASE_MS;
+      await Promise.all([
+        second.services.wallet.housekeeping(later),
+        third.services.wallet.housekeeping(later),
+      ]);
+      await second.services.wallet.housekeeping(later + AFTER_LEASE_MS);
+      await third.services.wallet.housekeeping(later + AFTER_LEASE_MS);
 
-    const { entries, balanceNano } = await walletState(second.services, payer);
-    expect(entries.map((e) => [e.type, e.amountNano])).toEqual([['TOP_UP', 5_000_000_000n]]);
-    expect(balanceNano).toBe(entries.reduce((sum, e) => sum + e.amountNano, 0n));
-    const payment = await createX402Payments(second.services.database).get(row?.payment_key ?? '');
-    expect(payment).toMatchObject({ status: 'settled', entryId: entries[0]?.id });
-    // The credited transaction is the one on chain that moved the payment.
-    const receipt = await anvil.rpc<{ status: string; to: string }>('eth_getTransactionReceipt', [
-      payment?.txHash,
-    ]);
-    expect(receipt.status).toBe('0x1');
-    expect(entries[0]).toMatchObject({ network: 'eip155:8453', txHash: payment?.txHash });
+      const { entries, balanceNano } = await walletState(second.services, payer);
+      expect(entries.map((e) => [e.type, e.amountNano])).toEqual([['TOP_UP', 5_000_000_000n]]);
+      expect(balanceNano).toBe(entries.reduce((sum, e) => sum + e.amountNano, 0n));
+      const payment = await createX402Payments(second.services.database).get(row?.payment_key ?? '');
+      expect(payment).toMatchObject({ status: 'settled', entryId: entries[0]?.id });
+      // The credited transaction is the one on chain that moved the payment.
+      const receipt = await anvil.rpc<{ status: string; to: string }>('eth_getTransactionReceipt', [
+        payment?.txHash,
+      ]);
+      expect(receipt.status).toBe('0x1');
+      expect(entries[0]).toMatchObject({ network: 'eip155:8453', txHash: payment?.txHash });
 
-    // The same payment submitted again is refused as already credited; the dead request gets nothing more.
-    const again = await second.topUp({ amountUsd: 5 }, { 'PAYMENT-SIGNATURE': header });
-    expect(again.status).toBe(409);
-    expect(again.body.code).toBe('PAYMENT_ALREADY_SETTLED');
-    expect(await usdcBalance(anvil.url, payer)).toBe(15_000_000n);
-  });
+      // The same payment submitted again is refused as already credited; the dead request gets nothing more.
+      const again = await second.topUp({ amountUsd: 5 }, { 'PAYMENT-SIGNATURE': header });
+      expect(again.status).toBe(409);
+      expect(again.body.code).toBe('PAYMENT_ALREADY_SETTLED');
+      expect(await usdcBalance(anvil.url, payer)).toBe(15_000_000n);
+    },
+  );
 });
 
 describe('x402 top-up never broadcast', () => {

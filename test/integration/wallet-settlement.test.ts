@@ -13,18 +13,15 @@ import { encodePaymentSignatureHeader } from '@x402/core/http';
 import type { PaymentRequired } from '@x402/core/types';
 import { ExactEvmScheme } from '@x402/evm/exact/client';
 import { x402Client } from '@x402/fetch';
-import { pino } from 'pino';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createApp } from '../../server/app.ts';
-import { loadConfig } from '../../server/config.ts';
 import type { Facilitator } from '../../server/providers/x402/facilitator.ts';
 import { createInProcessFacilitator } from '../../server/providers/x402/in-process.ts';
-import { createServices, type Services } from '../../server/services.ts';
+import type { Services } from '../../server/services.ts';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
 import { createPendingSettlementStore } from '../../server/storage/x402-payments.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
-import { withCoverage } from '../support/coverage.ts';
+import { startServer as startTestServer } from '../support/server.ts';
 import { installTestUsdc, mintUsdc, usdcBalance } from '../support/x402/contracts.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-settlement-'));
@@ -48,26 +45,12 @@ afterAll(async () => {
 });
 
 async function startServer(name: string, env: Record<string, string>, facilitator?: Facilitator) {
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    LOG_LEVEL: 'silent',
-    DATABASE_URL: `sqlite:${join(scratch, `${name}.db`)}`,
-    PUBLIC_ORIGIN: 'https://api.example.test',
-    ...env,
-  });
-  const services = await createServices(
-    config,
-    pino({ level: 'silent' }),
-    facilitator ? { facilitator } : {},
+  const { services, base, close } = await startTestServer(
+    `sqlite:${join(scratch, `${name}.db`)}`,
+    { PUBLIC_ORIGIN: 'https://api.example.test', ...env },
+    { services: facilitator ? { facilitator } : {} },
   );
-  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
-  await new Promise<void>((resolve) => server.once('listening', () => resolve()));
-  cleanups.push(async () => {
-    server.closeAllConnections();
-    await new Promise<void>((resolve) => server.close(() => resolve()));
-    await services.close();
-  });
-  const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
+  cleanups.push(close);
   const topUp = async (body: unknown, headers: Record<string, string> = {}) => {
     const response = await fetch(`${base}/x402/top-up`, {
       method: 'POST',

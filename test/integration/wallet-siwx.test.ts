@@ -4,17 +4,13 @@
  * mismatch, the balance and transaction history endpoints, and payment headers on other routes.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { pino } from 'pino';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createApp } from '../../server/app.ts';
-import { loadConfig } from '../../server/config.ts';
-import { createServices, type Services } from '../../server/services.ts';
-import { withCoverage } from '../support/coverage.ts';
+import type { Services } from '../../server/services.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { startServer as startTestServer } from '../support/server.ts';
 import {
   evmSignIn,
   evmSignInFields,
@@ -27,28 +23,11 @@ import {
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-siwx-'));
 const ORIGIN = 'https://api.example.test';
 
-async function startServer(databaseUrl: string) {
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    LOG_LEVEL: 'silent',
-    DATABASE_URL: databaseUrl,
+const startServer = (databaseUrl: string) =>
+  startTestServer(databaseUrl, {
     PUBLIC_ORIGIN: ORIGIN,
     X402_PAY_TO_BASE: '0x7a3B9c2D1e4F5a6B7c8D9e0F1a2B3c4D5e6F7a8B',
   });
-  const services = await createServices(config, pino({ level: 'silent' }));
-  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
-  await new Promise<void>((resolve) => server.once('listening', () => resolve()));
-  const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
-  return {
-    services,
-    base,
-    async close() {
-      server.closeAllConnections();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-      await services.close();
-    },
-  };
-}
 
 type Server = Awaited<ReturnType<typeof startServer>>;
 

@@ -7,22 +7,17 @@
  * payments: a counterfactual payer tops up only through a listed factory (the facilitator deploys it).
  */
 import { mkdtempSync, rmSync } from 'node:fs';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { encodePaymentSignatureHeader } from '@x402/core/http';
 import type { PaymentRequired } from '@x402/core/types';
 import { ExactEvmScheme } from '@x402/evm/exact/client';
 import { x402Client } from '@x402/fetch';
-import { pino } from 'pino';
 import { getAddress, type Hex, type LocalAccount, toHex } from 'viem';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createApp } from '../../server/app.ts';
-import { loadConfig } from '../../server/config.ts';
-import { createServices } from '../../server/services.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
-import { withCoverage } from '../support/coverage.ts';
+import { startServer as startTestServer } from '../support/server.ts';
 import {
   counterfactualWallet,
   deploySmartWallet,
@@ -40,22 +35,12 @@ let anvil: StartedAnvil;
 const closers: Array<() => Promise<void>> = [];
 
 async function startServer(env: Record<string, string>) {
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    LOG_LEVEL: 'silent',
-    DATABASE_URL: `sqlite:${join(scratch, `${closers.length}.db`)}`,
+  const server = await startTestServer(`sqlite:${join(scratch, `${closers.length}.db`)}`, {
     PUBLIC_ORIGIN: ORIGIN,
     ...env,
   });
-  const services = await createServices(config, pino({ level: 'silent' }));
-  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
-  await new Promise<void>((resolve) => server.once('listening', () => resolve()));
-  closers.push(async () => {
-    server.closeAllConnections();
-    await new Promise<void>((resolve) => server.close(() => resolve()));
-    await services.close();
-  });
-  return `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
+  closers.push(server.close);
+  return server.base;
 }
 
 /**

@@ -7,7 +7,6 @@
  * blockhash is valid and fails after.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createKeyPairSignerFromBytes } from '@solana/kit';
@@ -15,15 +14,12 @@ import { decodePaymentResponseHeader, encodePaymentSignatureHeader } from '@x402
 import type { PaymentRequired } from '@x402/core/types';
 import { wrapFetchWithPayment, x402Client } from '@x402/fetch';
 import { ExactSvmScheme } from '@x402/svm/exact/client';
-import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createApp } from '../../server/app.ts';
-import { loadConfig } from '../../server/config.ts';
 import type { Facilitator } from '../../server/providers/x402/facilitator.ts';
 import { createInProcessFacilitator } from '../../server/providers/x402/in-process.ts';
-import { createServices, type Services } from '../../server/services.ts';
+import type { Services } from '../../server/services.ts';
 import { createX402Payments } from '../../server/storage/x402-payments.ts';
-import { withCoverage } from '../support/coverage.ts';
+import { startServer as startTestServer } from '../support/server.ts';
 import { type SolanaRpcStandIn, solanaKeyPair, startSolanaRpcStandIn } from '../support/x402/solana-rpc.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-solana-'));
@@ -41,24 +37,14 @@ beforeAll(async () => {
   const facilitatorKey = await solanaKeyPair();
   feePayer = facilitatorKey.address;
   payTo = (await solanaKeyPair()).address;
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    LOG_LEVEL: 'silent',
-    DATABASE_URL: `sqlite:${join(scratch, 'solana.db')}`,
+  const server = await startTestServer(`sqlite:${join(scratch, 'solana.db')}`, {
     PUBLIC_ORIGIN: 'https://api.example.test',
     X402_PAY_TO_SOLANA: payTo,
     X402_SOLANA_RPC_URL: rpc.url,
     X402_SOLANA_FACILITATOR_PRIVATE_KEY: facilitatorKey.secretKeyBase58,
   });
-  services = await createServices(config, pino({ level: 'silent' }));
-  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
-  await new Promise<void>((resolve) => server.once('listening', () => resolve()));
-  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
-  closeServer = async () => {
-    server.closeAllConnections();
-    await new Promise<void>((resolve) => server.close(() => resolve()));
-    await services.close();
-  };
+  ({ services, base } = server);
+  closeServer = server.close;
 });
 
 afterAll(async () => {
@@ -144,28 +130,19 @@ describe('Solana top-up crash window', () => {
   });
 
   async function instance(db: string, facilitator?: Facilitator) {
-    const config = loadConfig({
-      NODE_ENV: 'test',
-      LOG_LEVEL: 'silent',
-      DATABASE_URL: `sqlite:${join(scratch, `${db}.db`)}`,
-      PUBLIC_ORIGIN: 'https://api.example.test',
-      X402_PAY_TO_SOLANA: payTo,
-      X402_SOLANA_RPC_URL: rpc.url,
-      X402_SOLANA_FACILITATOR_PRIVATE_KEY: facilitatorKey.secretKeyBase58,
-    });
-    const started = await createServices(
-      config,
-      pino({ level: 'silent' }),
-      facilitator ? { facilitator } : {},
+    const server = await startTestServer(
+      `sqlite:${join(scratch, `${db}.db`)}`,
+      {
+        PUBLIC_ORIGIN: 'https://api.example.test',
+        X402_PAY_TO_SOLANA: payTo,
+        X402_SOLANA_RPC_URL: rpc.url,
+        X402_SOLANA_FACILITATOR_PRIVATE_KEY: facilitatorKey.secretKeyBase58,
+      },
+      { services: facilitator ? { facilitator } : {} },
     );
-    const server = createApp(withCoverage(started.app)).listen(0, '127.0.0.1');
-    await new Promise<void>((resolve) => server.once('listening', () => resolve()));
-    closers.push(async () => {
-      server.closeAllConnections();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-      await started.close();
-    });
-    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1/x402/top-up`;
+    closers.push(server.close);
+    const started = server.services;
+    const url = `${server.base}/x402/top-up`;
     const topUp = async (headers: Record<string, string> = {}) => {
       const response = await fetch(url, {
         method: 'POST',

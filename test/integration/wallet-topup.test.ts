@@ -5,21 +5,17 @@
  * TOP_UP per payment; replays and concurrent submissions credit once; amounts out of range are refused.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { decodePaymentResponseHeader, encodePaymentSignatureHeader } from '@x402/core/http';
 import type { PaymentPayload, PaymentRequired } from '@x402/core/types';
 import { ExactEvmScheme } from '@x402/evm/exact/client';
 import { wrapFetchWithPayment, x402Client } from '@x402/fetch';
-import { pino } from 'pino';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createApp } from '../../server/app.ts';
-import { loadConfig } from '../../server/config.ts';
-import { createServices, type Services } from '../../server/services.ts';
+import type { Services } from '../../server/services.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
-import { withCoverage } from '../support/coverage.ts';
+import { startServer as startTestServer } from '../support/server.ts';
 import { BASE_USDC, installTestUsdc, mintUsdc, usdcBalance } from '../support/x402/contracts.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-topup-'));
@@ -38,24 +34,14 @@ let closeServer: () => Promise<void>;
 beforeAll(async () => {
   anvil = await startAnvil({ chainId: 8453 });
   await installTestUsdc(anvil.rpc);
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    LOG_LEVEL: 'silent',
-    DATABASE_URL: `sqlite:${join(scratch, 'topup.db')}`,
+  const server = await startTestServer(`sqlite:${join(scratch, 'topup.db')}`, {
     PUBLIC_ORIGIN: 'https://api.example.test',
     X402_PAY_TO_BASE: PAY_TO,
     X402_BASE_RPC_URL: anvil.url,
     X402_FACILITATOR_PRIVATE_KEY: FACILITATOR_KEY,
   });
-  services = await createServices(config, pino({ level: 'silent' }));
-  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
-  await new Promise<void>((resolve) => server.once('listening', () => resolve()));
-  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
-  closeServer = async () => {
-    server.closeAllConnections();
-    await new Promise<void>((resolve) => server.close(() => resolve()));
-    await services.close();
-  };
+  ({ services, base } = server);
+  closeServer = server.close;
 });
 
 afterAll(async () => {

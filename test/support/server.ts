@@ -14,7 +14,7 @@ import { createApp } from '../../server/app.ts';
 import { type BootstrapResult, bootstrap } from '../../server/bootstrap.ts';
 import { loadConfig } from '../../server/config.ts';
 import { answerClientErrors } from '../../server/http/client-errors.ts';
-import { createServices, type Services } from '../../server/services.ts';
+import { createServices, type Services, type ServicesOptions } from '../../server/services.ts';
 import { repoRoot } from './contract.ts';
 import { withCoverage } from './coverage.ts';
 
@@ -40,7 +40,7 @@ export const viaPrismProxy = () => process.env.VIA_PRISM_PROXY === '1';
 export async function startServer(
   databaseUrl: string,
   env: Record<string, string> = {},
-  options: { proxy?: boolean } = {},
+  options: { proxy?: boolean; services?: ServicesOptions } = {},
 ): Promise<StartedServer> {
   const config = loadConfig({
     NODE_ENV: 'test',
@@ -50,7 +50,7 @@ export async function startServer(
     BOOTSTRAP_BALANCE_USD: '10',
     ...env,
   });
-  const services = await createServices(config, pino({ level: 'silent' }));
+  const services = await createServices(config, pino({ level: 'silent' }), options.services);
   const boot = await bootstrap(services, {
     adminApiKey: config.adminApiKey,
     bootstrapBalanceUsd: config.bootstrapBalanceUsd,
