@@ -430,6 +430,52 @@ describe('documented error statuses, produced for real through the client', () =
     expect(wrongType.sort()).toEqual(documented('415').sort());
   });
 
+  test('behavior: 400 for a request outside the contract on every operation', async () => {
+    const refused: string[] = [];
+    const withInput: string[] = [];
+    for (const operation of operations) {
+      if (!operation.responses['400']) continue;
+      const params = exampleParams(operation);
+      const parameters = operation.parameters as Parameter[];
+      // A query parameter whose values are constrained (an enum, a number, a boolean).
+      const query = parameters.find((p) => {
+        const schema = p.schema ? deref<Record<string, unknown>>(doc, p.schema) : undefined;
+        return (
+          p.in === 'query' &&
+          (['enum', 'format', 'pattern', 'anyOf', 'oneOf'].some((k) => schema?.[k] !== undefined) ||
+            ['integer', 'number', 'boolean'].includes(String(schema?.type)))
+        );
+      });
+      const path = parameters.find((p) => p.in === 'path');
+      let init: Init | undefined;
+      if (operation.operationId === 'createTranscription') {
+        const form = new FormData();
+        form.append('model', 'whisper-up'); // no file
+        init = { body: form, bodySerializer: (b) => b };
+      } else if (operation.requestBody) {
+        // An array where the contract wants an object.
+        init = { params, body: [] };
+      } else if (query) {
+        init = { params: { ...params, query: { ...params.query, [query.name]: 'not a valid value %%' } } };
+      } else if (path) {
+        init = { params: { ...params, path: { ...params.path, [path.name]: 'not a valid value %%' } } };
+      } else {
+        // A query parameter the operation does not declare.
+        init = { params: { ...params, query: { undeclared_parameter: '1' } } };
+      }
+      withInput.push(operation.operationId);
+      const walletOnly = operation.security.every((r) => 'siwx' in r);
+      const client = walletOnly ? walletClient(privateKeyToAccount(generatePrivateKey())) : admin;
+      const sent = await send(client, operation, {
+        ...init,
+        ...(HELPER_OPERATIONS.has(operation.operationId) ? { parseAs: 'blob' as const } : {}),
+      });
+      if (sent.status === 400) refused.push(operation.operationId);
+    }
+    expect(refused).toEqual(withInput);
+    expect(refused).toEqual(operations.filter((o) => o.responses['400']).map((o) => o.operationId));
+  });
+
   test('fault: a response outside the contract rejects the client call (a field of another type)', async () => {
     const changed = structuredClone(doc);
     const modelList = changed.components.schemas?.ModelList as { properties: Record<string, unknown> };
