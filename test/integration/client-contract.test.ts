@@ -7,8 +7,10 @@
  * through their decoders. The documented error statuses are produced for real: a wrong credential (401), a
  * body over the configured limit (413), a body in the wrong media type (415).
  */
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
+import { createRequire } from 'node:module';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -22,6 +24,7 @@ import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { stringify } from 'yaml';
 import { ContractViolationError, type ServiceClient } from '../../client/index.ts';
+import { bundledFfmpegPath } from '../../server/providers/video/local.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
 import { contractValidation, validatingClient } from '../support/client-validation.ts';
 import {
@@ -39,6 +42,7 @@ import { installTestUsdc, mintUsdc } from '../support/x402/contracts.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 const ORIGIN = 'https://api.example.test';
+const ffprobe = (createRequire(import.meta.url)('@ffprobe-installer/ffprobe') as { path: string }).path;
 const doc = loadBundle();
 const operations = listOperations(doc);
 const validation = contractValidation(doc);
@@ -312,6 +316,14 @@ describe('every operation through the validating typed client', () => {
     expect(video.contentType).toBe('video/mp4');
     const bytes = Buffer.from(await video.blob.arrayBuffer());
     expect(bytes.subarray(4, 8).toString('latin1')).toBe('ftyp');
+    // Read by the real ffprobe, and every frame decoded by ffmpeg (a broken stream exits non-zero).
+    const file = join(scratch, 'video.mp4');
+    writeFileSync(file, bytes);
+    const probe = JSON.parse(
+      execFileSync(ffprobe, ['-v', 'error', '-show_streams', '-of', 'json', file], { encoding: 'utf8' }),
+    ) as { streams: { codec_type: string }[] };
+    expect(probe.streams.map((stream) => stream.codec_type)).toContain('video');
+    execFileSync(bundledFfmpegPath() as string, ['-v', 'error', '-xerror', '-i', file, '-f', 'null', '-']);
     const completed = await admin.POST('/video/complete', { body: { model, queue_id } });
     expect(completed.response.status).toBe(200);
   });
