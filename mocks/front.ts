@@ -19,7 +19,7 @@ import type { AddressInfo } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parse } from 'yaml';
-import { isPublic, loadContract } from '../server/http/spec.ts';
+import { accepts, isPublic, loadContract } from '../server/http/spec.ts';
 import { startPrism } from './prism.ts';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
@@ -144,6 +144,11 @@ export async function startMock(options: MockOptions = {}): Promise<RunningMock>
         await streamChat(req, res, path, body, requested);
         return;
       }
+    }
+    // As the server does: an operation that takes no credentials ignores any sent (Prism would answer 401,
+    // which such an operation does not document).
+    if (op && !accepts(op, 'BearerAuth') && !accepts(op, 'siwx')) {
+      for (const name of CREDENTIAL_HEADERS) delete req.headers[name];
     }
     const upstream = await forward(req, path, body);
     res.writeHead(upstream.statusCode ?? 502, withRealHeaders(upstream.headers));

@@ -25,7 +25,7 @@ const BUNDLE_HEADER =
 export function generate(outDir: string): void {
   const bundle = join(outDir, 'openapi.yaml');
   run(bin('redocly'), ['bundle', join(root, 'spec', 'openapi.yaml'), '--output', bundle]);
-  writeFileSync(bundle, BUNDLE_HEADER + readFileSync(bundle, 'utf8'));
+  writeFileSync(bundle, BUNDLE_HEADER + quoteHexScalars(readFileSync(bundle, 'utf8')));
   run(bin('openapi-typescript'), [
     bundle,
     '--output',
@@ -37,6 +37,16 @@ export function generate(outDir: string): void {
     '--redocly',
     join(root, 'scripts', 'redocly.codegen.yaml'),
   ]);
+}
+
+/**
+ * Quotes plain `0x…` scalars in the bundle. The bundler writes some long hex strings of the spec (quoted there,
+ * e.g. revert data in an RPC example) without quotes, and YAML then reads them as numbers (`Infinity`), so the
+ * mock would serve `null`. The dumper writes real numbers in decimal, so every plain `0x…` scalar it wrote is
+ * a string of the spec.
+ */
+export function quoteHexScalars(text: string): string {
+  return text.replace(/^(\s*(?:- )?(?:[^\s:#'"][^:#]*: )?)(0x[0-9a-fA-F]+)[ \t]*$/gm, "$1'$2'");
 }
 
 function run(cmd: string, args: string[]): void {

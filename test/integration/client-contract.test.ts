@@ -7,8 +7,10 @@
  * through their decoders. The documented error statuses are produced for real: a wrong credential (401), a
  * body over the configured limit (413), a body in the wrong media type (415).
  */
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
+import { createRequire } from 'node:module';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -22,6 +24,7 @@ import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { stringify } from 'yaml';
 import { ContractViolationError, type ServiceClient } from '../../client/index.ts';
+import { bundledFfmpegPath } from '../../server/providers/video/local.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
 import { contractValidation, validatingClient } from '../support/client-validation.ts';
 import {
@@ -39,6 +42,7 @@ import { installTestUsdc, mintUsdc } from '../support/x402/contracts.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 const ORIGIN = 'https://api.example.test';
+const ffprobe = (createRequire(import.meta.url)('@ffprobe-installer/ffprobe') as { path: string }).path;
 const doc = loadBundle();
 const operations = listOperations(doc);
 const validation = contractValidation(doc);
@@ -312,6 +316,14 @@ describe('every operation through the validating typed client', () => {
     expect(video.contentType).toBe('video/mp4');
     const bytes = Buffer.from(await video.blob.arrayBuffer());
     expect(bytes.subarray(4, 8).toString('latin1')).toBe('ftyp');
+    // Read by the real ffprobe, and every frame decoded by ffmpeg (a broken stream exits non-zero).
+    const file = join(scratch, 'video.mp4');
+    writeFileSync(file, bytes);
+    const probe = JSON.parse(
+      execFileSync(ffprobe, ['-v', 'error', '-show_streams', '-of', 'json', file], { encoding: 'utf8' }),
+    ) as { streams: { codec_type: string }[] };
+    expect(probe.streams.map((stream) => stream.codec_type)).toContain('video');
+    execFileSync(bundledFfmpegPath() as string, ['-v', 'error', '-xerror', '-i', file, '-f', 'null', '-']);
     const completed = await admin.POST('/video/complete', { body: { model, queue_id } });
     expect(completed.response.status).toBe(200);
   });
@@ -428,6 +440,52 @@ describe('documented error statuses, produced for real through the client', () =
       operations.filter((o) => o.requestBody && o.responses[status]).map((o) => o.operationId);
     expect(tooLarge.sort()).toEqual(documented('413').sort());
     expect(wrongType.sort()).toEqual(documented('415').sort());
+  });
+
+  test('behavior: 400 for a request outside the contract on every operation', async () => {
+    const refused: string[] = [];
+    const withInput: string[] = [];
+    for (const operation of operations) {
+      if (!operation.responses['400']) continue;
+      const params = exampleParams(operation);
+      const parameters = operation.parameters as Parameter[];
+      // A query parameter whose values are constrained (an enum, a number, a boolean).
+      const query = parameters.find((p) => {
+        const schema = p.schema ? deref<Record<string, unknown>>(doc, p.schema) : undefined;
+        return (
+          p.in === 'query' &&
+          (['enum', 'format', 'pattern', 'anyOf', 'oneOf'].some((k) => schema?.[k] !== undefined) ||
+            ['integer', 'number', 'boolean'].includes(String(schema?.type)))
+        );
+      });
+      const path = parameters.find((p) => p.in === 'path');
+      let init: Init | undefined;
+      if (operation.operationId === 'createTranscription') {
+        const form = new FormData();
+        form.append('model', 'whisper-up'); // no file
+        init = { body: form, bodySerializer: (b) => b };
+      } else if (operation.requestBody) {
+        // An array where the contract wants an object.
+        init = { params, body: [] };
+      } else if (query) {
+        init = { params: { ...params, query: { ...params.query, [query.name]: 'not a valid value %%' } } };
+      } else if (path) {
+        init = { params: { ...params, path: { ...params.path, [path.name]: 'not a valid value %%' } } };
+      } else {
+        // A query parameter the operation does not declare.
+        init = { params: { ...params, query: { undeclared_parameter: '1' } } };
+      }
+      withInput.push(operation.operationId);
+      const walletOnly = operation.security.every((r) => 'siwx' in r);
+      const client = walletOnly ? walletClient(privateKeyToAccount(generatePrivateKey())) : admin;
+      const sent = await send(client, operation, {
+        ...init,
+        ...(HELPER_OPERATIONS.has(operation.operationId) ? { parseAs: 'blob' as const } : {}),
+      });
+      if (sent.status === 400) refused.push(operation.operationId);
+    }
+    expect(refused).toEqual(withInput);
+    expect(refused).toEqual(operations.filter((o) => o.responses['400']).map((o) => o.operationId));
   });
 
   test('fault: a response outside the contract rejects the client call (a field of another type)', async () => {

@@ -1,9 +1,9 @@
 import { execFileSync } from 'node:child_process';
-import { appendFileSync, cpSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { appendFileSync, cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
-import { diffDirs } from '../../scripts/gen.ts';
+import { diffDirs, quoteHexScalars } from '../../scripts/gen.ts';
 import { repoRoot } from '../support/contract.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'gen-test-'));
@@ -22,6 +22,32 @@ function check(against: string): { status: number; output: string } {
     return { status: e.status, output: e.stderr.toString() };
   }
 }
+
+describe('quoteHexScalars', () => {
+  test('behavior: plain 0x scalars become quoted strings; numbers, quoted values and prose stay as they are', () => {
+    const text = [
+      '  data: 0x08c379a0',
+      "  result: '0x2105'",
+      '  - 0xdeadbeef',
+      '  amount: 42',
+      '  note: paid 0x12 twice',
+    ].join('\n');
+    expect(quoteHexScalars(text)).toBe(
+      [
+        "  data: '0x08c379a0'",
+        "  result: '0x2105'",
+        "  - '0xdeadbeef'",
+        '  amount: 42',
+        '  note: paid 0x12 twice',
+      ].join('\n'),
+    );
+  });
+
+  test('behavior: the committed bundle has no plain 0x scalar (each reads back as the string the spec wrote)', () => {
+    const text = readFileSync(join(repoRoot, 'generated', 'openapi.yaml'), 'utf8');
+    expect(quoteHexScalars(text) === text).toBe(true);
+  });
+});
 
 describe('diffDirs', () => {
   test('behavior: lists changed, missing and extra files', () => {
