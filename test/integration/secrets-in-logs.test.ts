@@ -205,7 +205,6 @@ describe('secrets never appear in logs', () => {
   }, async () => {
     const wallet = privateKeyToAccount(generatePrivateKey());
     const payer = privateKeyToAccount(generatePrivateKey());
-    secrets.walletKey = generatePrivateKey();
     const databaseUrl = await postgres.createDatabase('secrets');
     const server = await start({
       DATABASE_URL: databaseUrl,
