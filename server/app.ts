@@ -2,8 +2,8 @@
  * createApp(deps): the HTTP application. Request flow:
  *
  *   request id + common headers -> CORS -> operations surface (/healthz, /readyz, /metrics, /docs)
- *   -> authentication (from the spec's security) -> JSON body -> express-openapi-validator
- *   (shape, 404/405/415; responses too when enabled) -> the typed handler of the operation
+ *   -> authentication (from the spec's security) -> JSON body (size and nesting capped)
+ *   -> express-openapi-validator (shape, 404/405/415; responses too when enabled) -> the typed handler of the operation
  *   -> one error handler writing the interface's error bodies.
  *
  * Handlers are looked up by the operationId the validator matched, so the spec is the router.

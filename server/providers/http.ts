@@ -35,6 +35,14 @@ export async function readBodyCapped(
   return Buffer.concat(parts);
 }
 
+/**
+ * `text` with every occurrence of `secret` replaced by `[redacted]`: upstreams echo the API key they were sent
+ * in their errors ("Incorrect API key provided: sk-…"), and those messages reach logs and clients.
+ */
+export function redactSecret(text: string, secret: string | undefined): string {
+  return secret && secret.length >= 8 ? text.split(secret).join('[redacted]') : text;
+}
+
 /** A URL without credentials or query string, safe for messages and logs. */
 export function redactUrl(url: string | URL): string {
   try {

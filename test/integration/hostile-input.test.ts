@@ -58,6 +58,16 @@ async function snapshot(): Promise<Snapshot> {
   return { entries: entries as Record<string, unknown>[] };
 }
 
+/** Accounts whose reserved USD is not the sum of their open (held) reservations. */
+async function misreservedAccounts() {
+  const { rows } = await sql<{ id: string; reserved: unknown; held: unknown }>`
+    select a.id, a.usd_reserved_nano as reserved,
+      (select coalesce(sum(r.usd_nano), 0) from reservations r
+        where r.account_id = a.id and r.status = 'held') as held
+    from accounts a`.execute(server.services.database.db);
+  return rows.filter((r) => BigInt(String(r.reserved)) !== BigInt(String(r.held)));
+}
+
 /** Accounts whose USD balance is not the sum of their USD ledger entries. */
 async function unbalancedAccounts() {
   const { rows } = await sql<{ id: string; balance: unknown; total: unknown }>`
@@ -431,11 +441,12 @@ describe('hostile input: targeted cases', () => {
 });
 
 describe('hostile input: afterwards', () => {
-  test('behavior: nothing stored is lost: earlier entries unchanged, every balance equals its ledger sum', async () => {
+  test('behavior: nothing stored is lost: earlier entries unchanged, balances equal ledger sums, reservations add up', async () => {
     const after = await snapshot();
     const bySeq = new Map(after.entries.map((e) => [e.seq, e]));
     for (const entry of before.entries) expect(bySeq.get(entry.seq)).toEqual(entry);
     expect(await unbalancedAccounts()).toEqual([]);
+    expect(await misreservedAccounts()).toEqual([]);
     // The figures for the README.
     console.info(
       `hostile input: ${tally.requests} requests (${tally.valid} valid, ${tally.invalid} invalid) over ${arbitraries.operations.length} operations, statuses ${JSON.stringify(Object.fromEntries([...tally.byStatus].sort((a, b) => a[0] - b[0])))}`,

@@ -5,6 +5,7 @@
  * upstream's refusal, anything else failed). The caller checks the shape of what comes back.
  */
 import { ChatProviderError } from '../chat/types.ts';
+import { redactSecret } from '../http.ts';
 
 export type UpstreamRequest = {
   /** Backend name, for messages. */
@@ -98,7 +99,10 @@ export async function postUpstream(request: UpstreamRequest): Promise<UpstreamAn
       throw translate(error);
     }
     if (response.status !== 200) {
-      const message = upstreamMessage(body.toString('utf8')) ?? `status ${response.status}`;
+      const message = redactSecret(
+        upstreamMessage(body.toString('utf8')) ?? `status ${response.status}`,
+        request.apiKey,
+      );
       const retry = Number(response.headers.get('retry-after'));
       const retryAfter = Number.isFinite(retry) && retry > 0 ? retry : undefined;
       if (response.status === 429 || response.status === 503 || response.status === 529)

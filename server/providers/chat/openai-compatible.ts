@@ -7,7 +7,7 @@
  * kinds (429/503 capacity, 408/504 timeout, 400/404/422 the upstream's refusal, the rest failed).
  */
 import { readSseEvents } from '../../../client/sse.ts';
-import { readBodyCapped, redactUrl, upstreamError } from '../http.ts';
+import { readBodyCapped, redactSecret, redactUrl, upstreamError } from '../http.ts';
 import { countPromptTokens, countTokens } from './tokenizer.ts';
 import {
   type ChatEvent,
@@ -139,7 +139,10 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
           const detail = await readBodyCapped(response, 64 * 1024, { truncate: true })
             .then((bytes) => bytes?.toString('utf8') ?? '')
             .catch(() => '');
-          const message = upstreamError(detail).message ?? `status ${response.status}`;
+          const message = redactSecret(
+            upstreamError(detail).message ?? `status ${response.status}`,
+            options.apiKey,
+          );
           const retry = Number(response.headers.get('retry-after'));
           const retryAfter = Number.isFinite(retry) && retry > 0 ? retry : undefined;
           if (response.status === 429 || response.status === 503 || response.status === 529)

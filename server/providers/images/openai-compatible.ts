@@ -8,7 +8,7 @@
  * policy, 400/404/422 the upstream's refusal, the rest failed).
  */
 import sharp from 'sharp';
-import { readBodyCapped, redactUrl, upstreamError } from '../http.ts';
+import { readBodyCapped, redactSecret, redactUrl, upstreamError } from '../http.ts';
 import {
   type ImageProvider,
   ImageProviderError,
@@ -128,7 +128,7 @@ export function createOpenAiCompatibleImageProvider(options: OpenAiCompatibleIma
         }
         if (response.status !== 200) {
           const detail = upstreamError(raw?.toString('utf8') ?? '');
-          const message = detail.message ?? `status ${response.status}`;
+          const message = redactSecret(detail.message ?? `status ${response.status}`, options.apiKey);
           const retry = Number(response.headers.get('retry-after'));
           const retryAfter = Number.isFinite(retry) && retry > 0 ? retry : undefined;
           if (response.status === 429 || response.status === 503 || response.status === 529)

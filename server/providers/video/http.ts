@@ -13,7 +13,7 @@
  * check, and failures mapped to the provider error kinds.
  */
 
-import { readBodyCapped } from '../http.ts';
+import { readBodyCapped, redactSecret } from '../http.ts';
 import {
   type VideoGenerationRequest,
   type VideoProvider,
@@ -120,7 +120,10 @@ export function createHttpVideoProvider(options: HttpVideoProviderOptions): Vide
   /** Maps a failed upstream answer to a provider error. */
   async function failure(response: Response, what: string): Promise<VideoProviderError> {
     const body = await json(response);
-    const message = errorText(body, `${what} failed with status ${response.status}`);
+    const message = redactSecret(
+      errorText(body, `${what} failed with status ${response.status}`),
+      options.apiKey,
+    );
     if (response.status === 422) {
       const recommended = (body as { recommendedModel?: unknown } | undefined)?.recommendedModel;
       return new VideoProviderError('content_policy', message, {
