@@ -47,6 +47,13 @@ const settings = {
   latencyCount: int('BENCH_LATENCY_COUNT', quick ? 200 : 400),
 };
 
+/**
+ * Streams: 10 tokens a second each (a slow reader's pace), 150 tokens, so that every stream stays open for
+ * 15 s while the others are opened; what is measured is how many one process holds at once.
+ */
+const STREAM_TOKEN_DELAY_MS = 100;
+const STREAM_TOKENS = 150;
+
 const log = (message: string) => process.stderr.write(`[bench] ${message}\n`);
 const scratch = mkdtempSync(join(tmpdir(), 'svc-bench-'));
 
@@ -66,10 +73,15 @@ function serverEnv(databaseUrl: string, catalogPath: string, extra: Record<strin
   };
 }
 
-const chatBody = (model: string, stream: boolean, maxTokens: number) =>
+const chatBody = (
+  model: string,
+  stream: boolean,
+  maxTokens: number,
+  prompt = 'Say hello to the benchmark.',
+) =>
   JSON.stringify({
     model,
-    messages: [{ role: 'user', content: 'Say hello to the benchmark.' }],
+    messages: [{ role: 'user', content: prompt }],
     max_tokens: maxTokens,
     ...(stream ? { stream: true } : {}),
   });
@@ -266,7 +278,7 @@ async function main(): Promise<Report> {
   const streaming = await startNodeChild(
     'server (streams)',
     'server/main.ts',
-    serverEnv(streamsUrl, catalogPath, { LOCAL_CHAT_TOKEN_DELAY_MS: '20' }),
+    serverEnv(streamsUrl, catalogPath, { LOCAL_CHAT_TOKEN_DELAY_MS: String(STREAM_TOKEN_DELAY_MS) }),
     '/healthz',
   );
   log(`opening ${settings.streams} concurrent streams`);
@@ -282,7 +294,7 @@ async function main(): Promise<Report> {
         url: `${api(streaming)}/chat/completions`,
         method: 'POST',
         headers: json(streamsKey),
-        body: chatBody('llama-3.3-70b', true, 200),
+        body: chatBody('llama-3.3-70b', true, STREAM_TOKENS, 'Write 500 words about the benchmark.'),
       },
       settings.streams,
       120_000,

@@ -150,12 +150,18 @@ function softmax(logits: number[]): number[] {
 /** A piece of generated text with the log probability of its first token. */
 type Piece = { text: string; logprob: number; alternatives: { word: string; logprob: number }[] };
 
-function sentences(sampler: Sampler, random: () => number, words: number): Piece[] {
+/**
+ * `words` words in sentences of 8 to 14. Only the first `limit` are drawn: an answer cut by `max_tokens`
+ * cannot send more words than tokens, and the words drawn are exactly those of the full answer (the same
+ * draws in the same order; the period of the last word still goes by `words`).
+ */
+function sentences(sampler: Sampler, random: () => number, words: number, limit = words): Piece[] {
   const pieces: Piece[] = [];
   let previous = '';
   let inSentence = 0;
   let sentenceLength = 8 + Math.floor(random() * 7);
-  for (let i = 0; i < words; i++) {
+  const drawn = Math.min(words, limit);
+  for (let i = 0; i < drawn; i++) {
     const draw = sampler.next(previous);
     previous = draw.word;
     const first = inSentence === 0;
@@ -441,9 +447,13 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
           const toolResult = request.messages[request.messages.length - 1]?.role === 'tool';
           const words = requested ? Math.min(20_000, Number(requested[1])) : 24 + Math.floor(shape() * 40);
           const intro = toolResult ? `${LOCAL_PREFIX} Based on the tool result:` : LOCAL_PREFIX;
-          const body = sentences(sampler, shape, words);
-          // Given numbered sources, it cites them the way many models do, in brackets: `[1]`, `[1][2]`.
           const sources = sourceCount(request.messages);
+          // The intro and `budget` words hold more than `budget` tokens: nothing after them can be sent. With
+          // sources (the last sentence gets a citation) or stop sequences (one may straddle the cut) the whole
+          // answer is drawn.
+          const whole = sources > 0 || (request.sampling.stop?.length ?? 0) > 0;
+          const body = sentences(sampler, shape, words, whole ? words : budget + 1);
+          // Given numbered sources, it cites them the way many models do, in brackets: `[1]`, `[1][2]`.
           if (sources > 0) {
             const firstEnd = body.find((p) => p.text.endsWith('.'));
             const lastPiece = body[body.length - 1];
