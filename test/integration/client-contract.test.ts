@@ -218,7 +218,7 @@ function walletClient(account: Account): ServiceClient {
   );
 }
 
-describe('every operation through the validating typed client', () => {
+describe('every operation through the validating typed client', { timeout: 180_000 }, () => {
   test('behavior: the documented example request of every JSON operation gets its answer, within the contract', async () => {
     const statuses: Record<string, number> = {};
     for (const operation of operations) {
@@ -376,7 +376,7 @@ describe('every operation through the validating typed client', () => {
   });
 });
 
-describe('documented error statuses, produced for real through the client', () => {
+describe('documented error statuses, produced for real through the client', { timeout: 180_000 }, () => {
   test('behavior: 401 for a wrong credential on every operation that takes one', async () => {
     const wrongKey = validatingClient(
       { baseUrl: server.directBase, apiKey: 'svc_inference_not_a_key_0000000000000000000000' },

@@ -110,7 +110,8 @@ const takesModel = (op: Operation) =>
   Boolean((exampleInit(op).body as { model?: unknown } | undefined)?.model) &&
   !['retrieveVideo', 'completeVideo'].includes(op.operationId);
 
-describe('429 through the validating typed client', () => {
+// Hundreds of real requests per test: generous bounds for a loaded machine (nothing here is timed).
+describe('429 through the validating typed client', { timeout: 240_000 }, () => {
   test('behavior: every operation priced per model is refused once its model allows no more requests today', async () => {
     const { key } = await newKey();
     const client = validatingClient({ baseUrl: server.directBase, apiKey: key }, validation);

@@ -46,7 +46,7 @@ function copy(): OpenApiDoc {
   return structuredClone(doc);
 }
 
-describe('/docs in a real browser', () => {
+describe('/docs in a real browser', { timeout: 120_000 }, () => {
   test('behavior: lists every operation and renders the documented example, from local assets only', async () => {
     const ctx = await context();
     try {
