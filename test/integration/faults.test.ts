@@ -6,13 +6,17 @@
  * every reservation ends captured, released or expired by the sweep (`checkInvariants`).
  * Upstream faults (chat and RPC nodes down, slow, truncating, answering garbage) are in `faults-upstream.test.ts`.
  */
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { parse } from 'yaml';
 import { parseUsdToNano } from '../../server/money.ts';
 import { createAccounts } from '../../server/storage/accounts.ts';
 import { createApiKeys } from '../../server/storage/api-keys.ts';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
 import { createLedger } from '../../server/storage/ledger.ts';
 import { migrate } from '../../server/storage/migrations.ts';
+import { repoRoot } from '../support/contract.ts';
 import { checkInvariants } from '../support/invariants.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
 import { isAlive } from '../support/process.ts';
@@ -59,6 +63,17 @@ async function setUp(name: string) {
   };
   return { postgres, url, database, key: secret, accountId: account.id, env };
 }
+
+/** The statuses the contract documents for each operation of the load. */
+const spec = parse(readFileSync(join(repoRoot, 'generated/openapi.yaml'), 'utf8')) as {
+  paths: Record<string, Record<string, { responses: Record<string, unknown> }>>;
+};
+const documented = (path: string, method: string) => Object.keys(spec.paths[path]?.[method]?.responses ?? {});
+const OPERATIONS: Record<string, { path: string; method: string }> = {
+  rpc: { path: '/crypto/rpc/{network}', method: 'post' },
+  chat: { path: '/chat/completions', method: 'post' },
+  balance: { path: '/billing/balance', method: 'get' },
+};
 
 type Outcome = { op: string; status: number; body: string } | { op: string; error: string };
 
@@ -181,6 +196,8 @@ describe('faults: the database and the process', () => {
     expect(failures.length).toBeGreaterThanOrEqual(12);
     for (const failure of failures) {
       expect([500, 503]).toContain(failure.status);
+      const op = OPERATIONS[failure.op] ?? { path: '', method: '' };
+      expect(documented(op.path, op.method)).toContain(String(failure.status));
       expect(typeof (JSON.parse(failure.body) as { error?: unknown }).error).toBe('string');
     }
     // Anything else is a success (nothing was refused for a wrong reason).
