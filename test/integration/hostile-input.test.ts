@@ -338,6 +338,24 @@ describe('hostile input: targeted cases', () => {
     expect(await unbalancedAccounts()).toEqual(balanceBefore);
   });
 
+  test('behavior: numbers that overflow to Infinity in the query and prototype-named fields are 400s, not 500s', async () => {
+    const get = async (target: string, headers: [string, string][]) =>
+      send(server.origin, { method: 'GET', target: `${api()}${target}`, headers });
+    for (const value of ['1e309', 'Infinity', '-1e309']) {
+      const siwx: [string, string][] = [['sign-in-with-x', await evmSignIn(wallet, { origin: ORIGIN })]];
+      const res = await get(`/x402/transactions/${wallet.address}?limit=${value}`, siwx);
+      expectErrorShape(res, 400);
+      expect(res.json).toMatchObject({ details: { limit: { _errors: ['must be a finite number'] } } });
+      expectErrorShape(await get(`/characters?limit=${value}`, admin), 400);
+      expectErrorShape(await get(`/billing/usage-history?pageSize=${value}`, admin), 400);
+    }
+    for (const field of ['valueOf', 'toString', 'constructor', '__proto__', 'hasOwnProperty']) {
+      const res = await post('/embeddings', `{"${field}":"","input":"x","model":"text-embedding-bge-m3"}`);
+      expect(res.status, res.text.slice(0, 200)).toBeLessThan(500);
+      if (res.status >= 400) expectErrorShape(res, res.status);
+    }
+  });
+
   test('behavior: bad percent-encoding and very long paths answer 400/404 in the error shape', async () => {
     for (const target of [
       `${api()}/characters/%zz`,
