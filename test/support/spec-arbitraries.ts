@@ -621,7 +621,7 @@ function locations(
 function broken(s: Schema, kind: Mutation, junk: unknown): unknown {
   const type = Array.isArray(s.type) ? s.type[0] : s.type;
   if (kind === 'out-of-range') {
-    if (Array.isArray(s.enum)) return `not-${String(s.enum[0])}-${String(junk).slice(0, 5)}`;
+    if (Array.isArray(s.enum)) return `not-${JSON.stringify(s.enum[0])}-${JSON.stringify(junk).slice(0, 5)}`;
     if (typeof s.maximum === 'number') return s.maximum + 1;
     if (typeof s.minimum === 'number') return s.minimum - 1;
     if (typeof s.maxLength === 'number') return 'x'.repeat(s.maxLength + 1);
