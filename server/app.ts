@@ -19,6 +19,7 @@ import { coerceMultipartFields } from './domains/audio/multipart-fields.ts';
 import { type AuthPorts, type Principal, resolvePrincipal } from './http/auth.ts';
 import type { Handler, HandlerContext, HandlerTable, Reply, ReplyHeaders } from './http/contract.ts';
 import { ApiError, toValidationDetails } from './http/errors.ts';
+import { refuseNonFiniteParameters } from './http/finite-numbers.ts';
 import { limitJsonDepth } from './http/json-depth.ts';
 import { memoizeRouteRegexps } from './http/route-regexps.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
@@ -247,6 +248,7 @@ export function createApp(deps: AppDeps): express.Express {
     coerceMultipartFields(contract.document),
   );
   app.use(validator);
+  app.use(refuseNonFiniteParameters);
 
   // Dispatch to the operation's handler.
   app.use(BASE_PATH, (req, res, next) => {

@@ -77,10 +77,16 @@ export function toValidationDetails(
     }
     let node = root;
     for (const segment of segments.slice(1)) {
-      const existing = node[segment];
+      // Own keys only: a field named `valueOf` or `__proto__` is a field, not the prototype's.
+      const existing = Object.hasOwn(node, segment) ? node[segment] : undefined;
       const child: ValidationErrorDetails =
         existing && !Array.isArray(existing) ? (existing as ValidationErrorDetails) : { _errors: [] };
-      node[segment] = child;
+      Object.defineProperty(node, segment, {
+        value: child,
+        enumerable: true,
+        writable: true,
+        configurable: true,
+      });
       node = child;
     }
     add(node, message);

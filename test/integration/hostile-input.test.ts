@@ -204,7 +204,11 @@ function expectErrorShape(res: RawResponse, status: number) {
   if (body.details !== undefined) expect(Array.isArray(body.details._errors)).toBe(true);
 }
 
-const admin: [string, string][] = [['authorization', `Bearer ${TEST_ADMIN_KEY}`]];
+/**
+ * The targeted cases authenticate as an account of their own, so the rate limits the generated requests used up
+ * (per account and key, per minute) cannot turn their answers into 429s.
+ */
+const admin: [string, string][] = [];
 const chatBody = (extra: Record<string, unknown> = {}) =>
   JSON.stringify({
     model: 'llama-3.3-70b',
@@ -214,6 +218,13 @@ const chatBody = (extra: Record<string, unknown> = {}) =>
   });
 
 describe('hostile input: targeted cases', () => {
+  beforeAll(async () => {
+    const account = await server.services.accounts.createApiAccount({ name: 'targeted' });
+    await server.services.ledger.topUp({ accountId: account.id, amountNano: 10_000_000_000n });
+    const { secret } = await server.services.keys.create({ accountId: account.id, keyType: 'ADMIN' });
+    admin.splice(0, admin.length, ['authorization', `Bearer ${secret}`]);
+  });
+
   const api = () => new URL(server.directBase).pathname;
   /** POST with the ADMIN key and a JSON content type, unless `headers` name their own. */
   const post = (path: string, body: Buffer | string, headers: [string, string][] = []) => {
@@ -336,6 +347,24 @@ describe('hostile input: targeted cases', () => {
     expectErrorShape(await post('/crypto/rpc/solana-mainnet', '[]'), 400);
     expect(standIn.requests.length).toBe(seenBefore);
     expect(await unbalancedAccounts()).toEqual(balanceBefore);
+  });
+
+  test('behavior: numbers that overflow to Infinity in the query and prototype-named fields are 400s, not 500s', async () => {
+    const get = async (target: string, headers: [string, string][]) =>
+      send(server.origin, { method: 'GET', target: `${api()}${target}`, headers });
+    for (const value of ['1e309', 'Infinity', '-1e309']) {
+      const siwx: [string, string][] = [['sign-in-with-x', await evmSignIn(wallet, { origin: ORIGIN })]];
+      const res = await get(`/x402/transactions/${wallet.address}?limit=${value}`, siwx);
+      expectErrorShape(res, 400);
+      expect(res.json).toMatchObject({ details: { limit: { _errors: ['must be a finite number'] } } });
+      expectErrorShape(await get(`/characters?limit=${value}`, admin), 400);
+      expectErrorShape(await get(`/billing/usage-history?pageSize=${value}`, admin), 400);
+    }
+    for (const field of ['valueOf', 'toString', 'constructor', '__proto__', 'hasOwnProperty']) {
+      const res = await post('/embeddings', `{"${field}":"","input":"x","model":"text-embedding-bge-m3"}`);
+      expect(res.status, res.text.slice(0, 200)).toBeLessThan(500);
+      if (res.status >= 400) expectErrorShape(res, res.status);
+    }
   });
 
   test('behavior: bad percent-encoding and very long paths answer 400/404 in the error shape', async () => {

@@ -591,6 +591,9 @@ function stringIn(s: Schema): fc.Arbitrary<string> {
 
 type Mutation = 'wrong-type' | 'drop-required' | 'out-of-range' | 'junk';
 
+/** Names of extra fields: plain junk, and keys of Object.prototype. */
+const JUNK_KEYS = ['junk_0', 'junk_1', 'junk_2', '__proto__', 'valueOf', 'constructor', 'toString'];
+
 /** Locations in a value with the schema that describes each (JSON pointer, schema). */
 function locations(
   gen: SpecArbitraries,
@@ -618,7 +621,7 @@ function locations(
 function broken(s: Schema, kind: Mutation, junk: unknown): unknown {
   const type = Array.isArray(s.type) ? s.type[0] : s.type;
   if (kind === 'out-of-range') {
-    if (Array.isArray(s.enum)) return `not-${String(s.enum[0])}-${String(junk).slice(0, 5)}`;
+    if (Array.isArray(s.enum)) return `not-${JSON.stringify(s.enum[0])}-${JSON.stringify(junk).slice(0, 5)}`;
     if (typeof s.maximum === 'number') return s.maximum + 1;
     if (typeof s.minimum === 'number') return s.minimum - 1;
     if (typeof s.maxLength === 'number') return 'x'.repeat(s.maxLength + 1);
@@ -673,8 +676,10 @@ function mutateValue(
     return [copy, `${pointer}/${key}`];
   }
   if (kind === 'junk' && value && typeof value === 'object' && !Array.isArray(value)) {
-    (value as Json)[`junk_${index % 97}`] = junk;
-    return [copy, `${pointer}/junk_${index % 97}`];
+    // Sometimes a name Object.prototype also has: such fields have tripped recursive code before.
+    const key = JUNK_KEYS[index % JUNK_KEYS.length] ?? `junk_${index % 97}`;
+    Object.defineProperty(value, key, { value: junk, enumerable: true, writable: true, configurable: true });
+    return [copy, `${pointer}/${key}`];
   }
   const replacement = broken(s, kind === 'out-of-range' ? 'out-of-range' : 'wrong-type', junk);
   if (pointer === '') return [replacement, '/'];
