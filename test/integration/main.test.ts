@@ -2,49 +2,21 @@
  * The server process as `npm start` runs it: first start on an empty database, a restart on the same one,
  * graceful shutdown on SIGTERM, and no secret in the logs.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, onTestFinished, test } from 'vitest';
 import { readSseEvents } from '../../client/sse.ts';
-import { repoRoot } from '../support/contract.ts';
+import { startServerProcess, stopServerProcesses } from '../support/server-process.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'main-test-'));
-const running = new Set<ChildProcess>();
-afterEach(() => {
-  for (const child of running) child.kill('SIGKILL');
-  running.clear();
-});
+afterEach(stopServerProcesses);
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-type Started = { child: ChildProcess; url: string; output: () => string; exit: Promise<number | null> };
-
-async function start(env: Record<string, string>): Promise<Started> {
-  const child = spawn(process.execPath, ['--import', 'tsx', join(repoRoot, 'server', 'main.ts')], {
-    cwd: repoRoot,
-    env: { ...process.env, NODE_ENV: 'development', PORT: '0', LOG_LEVEL: 'debug', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  running.add(child);
-  let out = '';
-  child.stdout?.on('data', (d: Buffer) => {
-    out += d.toString();
-  });
-  child.stderr?.on('data', (d: Buffer) => {
-    out += d.toString();
-  });
-  const exit = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-  const deadline = Date.now() + 30_000;
-  while (Date.now() < deadline) {
-    const line = out.split('\n').find((l) => l.includes('"msg":"listening"'));
-    if (line) return { child, url: (JSON.parse(line) as { url: string }).url, output: () => out, exit };
-    if (child.exitCode !== null) throw new Error(`server exited early:\n${out}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`server did not start:\n${out}`);
-}
+/** `npm start` as an operator runs it (development mode, debug logs). */
+const start = (env: Record<string, string>) =>
+  startServerProcess({ NODE_ENV: 'development', LOG_LEVEL: 'debug', ...env });
 
 describe('server/main.ts', () => {
   test('behavior: first start prints an ADMIN key once, credits the bootstrap balance; a restart does neither', {
@@ -54,12 +26,12 @@ describe('server/main.ts', () => {
     const first = await start(env);
     const secret = /ADMIN_API_KEY=(svc_admin_\w+)/.exec(first.output())?.[1];
     expect(secret).toBeDefined();
-    const balance = await fetch(`${first.url}/billing/balance`, {
+    const balance = await fetch(`${first.base}/billing/balance`, {
       headers: { authorization: `Bearer ${secret}` },
     });
     expect(await balance.json()).toMatchObject({ balances: { usd: 7.5 } });
-    first.child.kill('SIGTERM');
-    expect(await first.exit).toBe(0);
+    first.signal('SIGTERM');
+    expect(await first.exited).toBe(0);
     expect(first.output()).toContain('"msg":"stopped"');
     // The secret is printed once for the operator and never written by the logger.
     const logLines = first
@@ -71,12 +43,12 @@ describe('server/main.ts', () => {
 
     const second = await start(env);
     expect(second.output()).not.toContain('ADMIN_API_KEY=');
-    const again = await fetch(`${second.url}/billing/balance`, {
+    const again = await fetch(`${second.base}/billing/balance`, {
       headers: { authorization: `Bearer ${secret}` },
     });
     expect(await again.json()).toMatchObject({ balances: { usd: 7.5 } });
-    second.child.kill('SIGINT');
-    expect(await second.exit).toBe(0);
+    second.signal('SIGINT');
+    expect(await second.exited).toBe(0);
   });
 
   test('behavior: SIGTERM drains a request that is still in flight before exiting', {
@@ -88,7 +60,7 @@ describe('server/main.ts', () => {
       ADMIN_API_KEY: secret,
       SHUTDOWN_GRACE_MS: '8000',
     });
-    const { hostname: host, port } = new URL(server.url);
+    const { hostname: host, port } = new URL(server.base);
     const body = JSON.stringify({ apiKeyType: 'INFERENCE', description: 'Created during shutdown' });
     const socket = connect(Number(port), host);
     onTestFinished(() => {
@@ -109,11 +81,11 @@ describe('server/main.ts', () => {
         body.slice(0, 10),
     );
     await new Promise((r) => setTimeout(r, 200));
-    server.child.kill('SIGTERM');
+    server.signal('SIGTERM');
     await new Promise((r) => setTimeout(r, 300));
-    expect(server.child.exitCode).toBeNull();
+    expect(server.exitCode()).toBeNull();
     socket.write(body.slice(10));
-    const code = await server.exit;
+    const code = await server.exited;
     expect(code).toBe(0);
     expect(response).toMatch(/^HTTP\/1\.1 200/);
     expect(response).toContain('svc_inference_');
@@ -136,7 +108,7 @@ describe('server/main.ts', () => {
       SHUTDOWN_GRACE_MS: '30000',
       LOCAL_CHAT_TOKEN_DELAY_MS: '5',
     });
-    const response = await fetch(`${server.url}/chat/completions`, {
+    const response = await fetch(`${server.base}/chat/completions`, {
       method: 'POST',
       headers: { authorization: `Bearer ${secret}`, 'content-type': 'application/json' },
       body: JSON.stringify({
@@ -149,7 +121,7 @@ describe('server/main.ts', () => {
     const events = readSseEvents(response.body as ReadableStream<Uint8Array>)[Symbol.asyncIterator]();
     const first = await events.next();
     expect(first.done).toBe(false);
-    server.child.kill('SIGTERM');
+    server.signal('SIGTERM');
     const rest: string[] = [];
     for (let next = await events.next(); !next.done; next = await events.next()) rest.push(next.value.data);
     expect(rest.at(-1)).toBe('[DONE]');
@@ -159,24 +131,19 @@ describe('server/main.ts', () => {
     };
     expect(final.choices).toEqual([]);
     expect(final.usage?.completion_tokens).toBeGreaterThan(150);
-    expect(await server.exit).toBe(0);
+    expect(await server.exited).toBe(0);
     expect(server.output()).toContain('"msg":"draining"');
   });
 
   test('behavior: an invalid configuration stops the start with every problem listed', {
     timeout: 30_000,
   }, async () => {
-    const child = spawn(process.execPath, ['--import', 'tsx', join(repoRoot, 'server', 'main.ts')], {
-      cwd: repoRoot,
-      env: { ...process.env, PORT: 'eighty', DATABASE_URL: 'mysql://nope' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    running.add(child);
-    let err = '';
-    child.stderr?.on('data', (d: Buffer) => {
-      err += d.toString();
-    });
-    const code = await new Promise<number | null>((resolve) => child.once('exit', resolve));
+    const server = await startServerProcess(
+      { PORT: 'eighty', DATABASE_URL: 'mysql://nope' },
+      { listening: 0 },
+    );
+    const code = await server.exited;
+    const err = server.output();
     expect(code).toBe(2);
     expect(err).toContain('PORT');
     expect(err).toContain('DATABASE_URL');

@@ -8,7 +8,6 @@
  * base64url, percent-encoding, hex). The answers to clients are scanned for the server's own secrets too.
  * A second start with an unreachable DATABASE_URL checks the start-up failure path.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
 import { generateKeyPairSync, randomBytes } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
@@ -27,6 +26,7 @@ import { repoRoot } from '../support/contract.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
 import { freePort } from '../support/process.ts';
 import { sendBytes } from '../support/raw-http.ts';
+import { startServerProcess, stopServerProcesses } from '../support/server-process.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'secrets-'));
@@ -110,40 +110,9 @@ function route(req: IncomingMessage, res: ServerResponse) {
 // ---------------------------------------------------------------------------------------------------------
 // The server process.
 
-type Started = { child: ChildProcess; url: string; output: () => string; exit: Promise<number | null> };
-const running = new Set<ChildProcess>();
-
-async function start(
-  env: Record<string, string>,
-  waitFor: 'listening' | 'exit' = 'listening',
-): Promise<Started> {
-  const child = spawn(process.execPath, ['--import', 'tsx', join(repoRoot, 'server', 'main.ts')], {
-    cwd: repoRoot,
-    env: { ...process.env, NODE_ENV: 'development', PORT: '0', LOG_LEVEL: 'trace', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  running.add(child);
-  let out = '';
-  child.stdout?.on('data', (d: Buffer) => {
-    out += d.toString();
-  });
-  child.stderr?.on('data', (d: Buffer) => {
-    out += d.toString();
-  });
-  const exit = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-  if (waitFor === 'exit') {
-    await exit;
-    return { child, url: '', output: () => out, exit };
-  }
-  const deadline = Date.now() + 60_000;
-  while (Date.now() < deadline) {
-    const line = out.split('\n').find((l) => l.includes('"msg":"listening"'));
-    if (line) return { child, url: (JSON.parse(line) as { url: string }).url, output: () => out, exit };
-    if (child.exitCode !== null) throw new Error(`server exited early:\n${out}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`server did not start:\n${out}`);
-}
+/** The real `server/main.ts`, as an operator runs it, logging everything (`LOG_LEVEL=trace`). */
+const start = (env: Record<string, string>, options: { listening?: number } = {}) =>
+  startServerProcess({ NODE_ENV: 'development', LOG_LEVEL: 'trace', ...env }, options);
 
 let postgres: StartedPostgres;
 
@@ -156,7 +125,7 @@ beforeAll(async () => {
 }, 120_000);
 
 afterAll(async () => {
-  for (const child of running) if (child.exitCode === null) child.kill('SIGKILL');
+  await stopServerProcesses();
   await postgres?.stop();
   fake?.closeAllConnections();
   await new Promise<void>((resolve) => (fake ? fake.close(() => resolve()) : resolve()));
@@ -223,7 +192,7 @@ describe('secrets never appear in logs', () => {
     });
     const answers: string[] = [];
     const call = async (path: string, init: RequestInit = {}) => {
-      const response = await fetch(`${server.url}${path}`, init).catch((error: unknown) => {
+      const response = await fetch(`${server.base}${path}`, init).catch((error: unknown) => {
         throw new Error(`${path}: ${String(error)}\n${server.output().slice(-3000)}`);
       });
       const text = await response.text();
@@ -339,7 +308,7 @@ describe('secrets never appear in logs', () => {
 
     // What Node's HTTP parser refuses (here a secret inside oversized headers) is answered in the error shape
     // by main.ts too (server/http/client-errors.ts), and written nowhere.
-    const origin = new URL(server.url).origin;
+    const origin = server.origin;
     const refusedRaw = await sendBytes(
       origin,
       `GET /api/v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${secrets.adminKey}\r\nX-Big: ${'a'.repeat(64 * 1024)}\r\n\r\n`,
@@ -349,8 +318,8 @@ describe('secrets never appear in logs', () => {
       code: 'HEADERS_TOO_LARGE',
     });
 
-    server.child.kill('SIGTERM');
-    expect(await server.exit).toBe(0);
+    server.signal('SIGTERM');
+    expect(await server.exited).toBe(0);
     const output = server.output();
     // The session was logged (request lines, upstream failures), so an empty log cannot pass.
     const lines = output.split('\n').filter((l) => l.startsWith('{'));
@@ -381,9 +350,9 @@ describe('secrets never appear in logs', () => {
         DATABASE_URL: `postgres://svc:${password}@127.0.0.1:${await freePort()}/svc`,
         ADMIN_API_KEY: secrets.adminKey as string,
       },
-      'exit',
+      { listening: 0 },
     );
-    expect(await failed.exit).not.toBe(0);
+    expect(await failed.exited).not.toBe(0);
     expect(failed.output()).toMatch(/start-up failed|unreachable/i);
     expect(leaks(failed.output())).toEqual([]);
   });

@@ -3,56 +3,21 @@
  * with nobody driving the worker; a job in hand when the server drains (SIGTERM) goes back to the queue; an
  * instance with `VIDEO_WORKER_ENABLED=false` leaves it there; the next instance with a worker finishes it.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, test } from 'vitest';
 import { createDatabase } from '../../server/storage/database.ts';
 import { createVideoJobs } from '../../server/storage/video-jobs.ts';
-import { repoRoot } from '../support/contract.ts';
+import { startServerProcess, stopServerProcesses } from '../support/server-process.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'video-main-'));
 const ADMIN = 'svc_admin_video_main_test_secret_0123456789';
-const running = new Set<ChildProcess>();
-afterEach(() => {
-  for (const child of running) child.kill('SIGKILL');
-  running.clear();
-});
+afterEach(stopServerProcesses);
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-type Started = { child: ChildProcess; url: string; exit: Promise<number | null> };
-
-async function start(env: Record<string, string>): Promise<Started> {
-  const child = spawn(process.execPath, ['--import', 'tsx', join(repoRoot, 'server', 'main.ts')], {
-    cwd: repoRoot,
-    env: {
-      ...process.env,
-      NODE_ENV: 'development',
-      PORT: '0',
-      LOG_LEVEL: 'info',
-      ADMIN_API_KEY: ADMIN,
-      ...env,
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  running.add(child);
-  let out = '';
-  child.stdout?.on('data', (d: Buffer) => {
-    out += d.toString();
-  });
-  child.stderr?.on('data', (d: Buffer) => {
-    out += d.toString();
-  });
-  const exit = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-  for (let i = 0; i < 300; i++) {
-    const line = out.split('\n').find((l) => l.includes('"msg":"listening"'));
-    if (line) return { child, url: (JSON.parse(line) as { url: string }).url, exit };
-    if (child.exitCode !== null) throw new Error(`server exited early:\n${out}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`server did not start:\n${out}`);
-}
+const start = (env: Record<string, string>) =>
+  startServerProcess({ NODE_ENV: 'development', ADMIN_API_KEY: ADMIN, VIDEO_WORKER_ENABLED: 'true', ...env });
 
 const call = (url: string, path: string, body: unknown) =>
   fetch(`${url}${path}`, {
@@ -90,21 +55,21 @@ describe('video worker in server/main.ts', () => {
       expect(res.status).toBe(200);
       return (await res.json()) as { queue_id: string; model: string };
     };
-    const job1 = await queue(first.url, { prompt: 'tide pools' });
-    const video = await waitForVideo(first.url, job1);
+    const job1 = await queue(first.base, { prompt: 'tide pools' });
+    const video = await waitForVideo(first.base, job1);
     expect(video.subarray(4, 8).toString('latin1')).toBe('ftyp');
 
     // A longer job: stop the server while it renders.
     const database = await createDatabase(env.DATABASE_URL);
     const jobs = createVideoJobs(database);
     try {
-      const job2 = await queue(first.url, { prompt: 'night ferry', duration: '10s' });
+      const job2 = await queue(first.base, { prompt: 'night ferry', duration: '10s' });
       for (let i = 0; i < 3000 && (await jobs.get(job2.queue_id))?.status !== 'running'; i++) {
         await new Promise((r) => setTimeout(r, 10));
       }
       expect((await jobs.get(job2.queue_id))?.status).toBe('running');
-      first.child.kill('SIGTERM');
-      expect(await first.exit).toBe(0);
+      first.signal('SIGTERM');
+      expect(await first.exited).toBe(0);
       expect(await jobs.get(job2.queue_id)).toMatchObject({
         status: 'queued',
         leaseOwner: null,
@@ -112,18 +77,18 @@ describe('video worker in server/main.ts', () => {
       });
 
       const idle = await start({ ...env, VIDEO_WORKER_ENABLED: 'false' });
-      const polled = await call(idle.url, '/video/retrieve', job2);
+      const polled = await call(idle.base, '/video/retrieve', job2);
       expect(await polled.json()).toMatchObject({ status: 'PROCESSING' });
-      idle.child.kill('SIGTERM');
-      expect(await idle.exit).toBe(0);
+      idle.signal('SIGTERM');
+      expect(await idle.exited).toBe(0);
       expect((await jobs.get(job2.queue_id))?.status).toBe('queued');
 
       const second = await start(env);
-      const resumed = await waitForVideo(second.url, job2);
+      const resumed = await waitForVideo(second.base, job2);
       expect(resumed.subarray(4, 8).toString('latin1')).toBe('ftyp');
       expect(await jobs.get(job2.queue_id)).toMatchObject({ status: 'completed', attempts: 2 });
-      second.child.kill('SIGTERM');
-      expect(await second.exit).toBe(0);
+      second.signal('SIGTERM');
+      expect(await second.exited).toBe(0);
     } finally {
       await database.close();
     }

@@ -21,6 +21,10 @@ export type ServerProcess = {
   workerPids(): number[];
   /** Resolves with the exit code (null when killed by a signal). */
   exited: Promise<number | null>;
+  /** The exit code once the process has exited, else null. */
+  exitCode(): number | null;
+  /** Sends a signal to the process (SIGTERM to drain, SIGKILL to crash). */
+  signal(signal: NodeJS.Signals): void;
   /** Waits until `predicate` holds for the log lines (or throws after `timeoutMs`). */
   waitForLog(
     predicate: (lines: Array<Record<string, unknown>>) => boolean,
@@ -45,7 +49,8 @@ function parseLines(text: string): Array<Record<string, unknown>> {
 
 /**
  * Starts `server/main.ts` with `env` (on top of a test baseline: NODE_ENV=test, PORT=0, loopback) and waits
- * for `listening` lines: one, or `listening` of them (the workers of a cluster).
+ * for `listening` lines: one, or `listening` of them (the workers of a cluster); `listening: 0` returns at once
+ * (for a start that is expected to fail: await `exited`).
  */
 export async function startServerProcess(
   env: Record<string, string>,
@@ -105,6 +110,10 @@ export async function startServerProcess(
     logs,
     workerPids,
     exited,
+    exitCode: () => child.exitCode,
+    signal: (signal) => {
+      child.kill(signal);
+    },
     waitForLog,
     async stop() {
       await stopPid(pid, 15_000);
@@ -113,8 +122,9 @@ export async function startServerProcess(
     },
   };
   started.add(instance);
+  const wanted = options.listening ?? 1;
+  if (wanted === 0) return instance;
   try {
-    const wanted = options.listening ?? 1;
     await waitForLog(
       (lines) => lines.filter((l) => l.msg === 'listening').length >= wanted,
       options.timeoutMs ?? 90_000,
