@@ -14,10 +14,6 @@ import { createRequire } from 'node:module';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { encodePaymentSignatureHeader } from '@x402/core/http';
-import type { PaymentRequired } from '@x402/core/types';
-import { ExactEvmScheme } from '@x402/evm/exact/client';
-import { x402Client } from '@x402/fetch';
 import { MPEGDecoder } from 'mpg123-decoder';
 import sharp from 'sharp';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
@@ -39,6 +35,7 @@ import {
 } from '../support/contract.ts';
 import { type StartedServer, startServer, TEST_ADMIN_KEY } from '../support/server.ts';
 import { installTestUsdc, mintUsdc } from '../support/x402/contracts.ts';
+import { evmPaymentHeader } from '../support/x402/payments.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 const ORIGIN = 'https://api.example.test';
@@ -346,13 +343,10 @@ describe('every operation through the validating typed client', { timeout: 180_0
     const anonymous = validatingClient({ baseUrl: server.directBase }, validation);
     const offer = await anonymous.POST('/x402/top-up', { body: { amountUsd: 5 } });
     expect(offer.response.status).toBe(402);
-    const payload = await new x402Client()
-      .register('eip155:8453', new ExactEvmScheme(account))
-      .setSpendControls({ maxAmountPerPayment: '$10' })
-      .createPaymentPayload(offer.error as unknown as PaymentRequired);
+    const payment = await evmPaymentHeader(offer.error, account, '$10');
     const paid = await anonymous.POST('/x402/top-up', {
       body: { amountUsd: 5 },
-      headers: { 'PAYMENT-SIGNATURE': encodePaymentSignatureHeader(payload) },
+      headers: { 'PAYMENT-SIGNATURE': payment },
     });
     expect(paid.response.status).toBe(200);
     const wallet = walletClient(account);

@@ -9,10 +9,6 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { encodePaymentSignatureHeader } from '@x402/core/http';
-import type { PaymentPayload, PaymentRequired } from '@x402/core/types';
-import { ExactEvmScheme } from '@x402/evm/exact/client';
-import { x402Client } from '@x402/fetch';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { parse, stringify } from 'yaml';
@@ -30,6 +26,7 @@ import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
 import { type RpcStandIn, startRpcStandIn } from '../support/rpc-upstream.ts';
 import { type ServerProcess, startServerProcess, stopServerProcesses } from '../support/server-process.ts';
 import { installTestUsdc, mintUsdc, usdcBalance } from '../support/x402/contracts.ts';
+import { evmPaymentHeader } from '../support/x402/payments.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 // biome-ignore lint/suspicious/noExplicitAny: response bodies as tests read them; assertions check their shape.
@@ -315,11 +312,7 @@ describe('three server processes on one PostgreSQL', () => {
     await mintUsdc(anvil.url, ANVIL_PRIVATE_KEYS[1], payer.address, 20_000_000n);
     const offer = await post(0, '/x402/top-up', { amountUsd: 6 }, {});
     expect(offer.status).toBe(402);
-    const payload: PaymentPayload = await new x402Client()
-      .register('eip155:8453', new ExactEvmScheme(payer))
-      .setSpendControls({ maxAmountPerPayment: '$100' })
-      .createPaymentPayload(offer.json as PaymentRequired);
-    const header = encodePaymentSignatureHeader(payload);
+    const header = await evmPaymentHeader(offer.json, payer);
     // The same signed payment to all three instances at once.
     const results = await Promise.all(
       [0, 1, 2].map((i) => post(i, '/x402/top-up', { amountUsd: 6 }, { 'PAYMENT-SIGNATURE': header })),

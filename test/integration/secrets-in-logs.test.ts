@@ -14,11 +14,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { encodePaymentSignatureHeader } from '@x402/core/http';
-import type { PaymentPayload, PaymentRequired } from '@x402/core/types';
-import { ExactEvmScheme } from '@x402/evm/exact/client';
+import { decodePaymentSignatureHeader } from '@x402/core/http';
 import { encodeBase58 } from '@x402/extensions/sign-in-with-x';
-import { x402Client } from '@x402/fetch';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { parse, stringify } from 'yaml';
@@ -27,6 +24,7 @@ import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
 import { freePort } from '../support/process.ts';
 import { sendBytes } from '../support/raw-http.ts';
 import { startServerProcess, stopServerProcesses } from '../support/server-process.ts';
+import { evmPaymentHeader } from '../support/x402/payments.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'secrets-'));
@@ -288,13 +286,11 @@ describe('secrets never appear in logs', () => {
       body: JSON.stringify({ amountUsd: 5 }),
     });
     expect(offer.status).toBe(402);
-    const payload: PaymentPayload = await new x402Client()
-      .register('eip155:8453', new ExactEvmScheme(payer))
-      .setSpendControls({ maxAmountPerPayment: '$100' })
-      .createPaymentPayload(JSON.parse(offer.text) as PaymentRequired);
-    const payment = encodePaymentSignatureHeader(payload);
+    const payment = await evmPaymentHeader(JSON.parse(offer.text), payer);
     secrets.paymentHeader = payment;
-    secrets.paymentSignature = (payload.payload as { signature: string }).signature;
+    secrets.paymentSignature = (
+      decodePaymentSignatureHeader(payment).payload as { signature: string }
+    ).signature;
     const paid = await call('/x402/top-up', {
       method: 'POST',
       headers: { 'content-type': 'application/json', 'payment-signature': payment },

@@ -9,10 +9,6 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { encodePaymentSignatureHeader } from '@x402/core/http';
-import type { PaymentRequired } from '@x402/core/types';
-import { ExactEvmScheme } from '@x402/evm/exact/client';
-import { x402Client } from '@x402/fetch';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import type { Facilitator } from '../../server/providers/x402/facilitator.ts';
@@ -23,6 +19,7 @@ import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/an
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
 import { startServer as startTestServer } from '../support/server.ts';
 import { installTestUsdc, mintUsdc, usdcBalance } from '../support/x402/contracts.ts';
+import { evmPaymentHeader } from '../support/x402/payments.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-reconcile-'));
 const PAY_TO = privateKeyToAccount(generatePrivateKey()).address;
@@ -76,11 +73,7 @@ async function signedPayment(anvil: StartedAnvil, topUp: Awaited<ReturnType<type
   await mintUsdc(anvil.url, ANVIL_PRIVATE_KEYS[1], payer.address, 20_000_000n);
   const offer = await topUp({ amountUsd: 5 });
   expect(offer.status).toBe(402);
-  const client = new x402Client()
-    .register('eip155:8453', new ExactEvmScheme(payer))
-    .setSpendControls({ maxAmountPerPayment: '$100' });
-  const payload = await client.createPaymentPayload(offer.body as PaymentRequired);
-  return { header: encodePaymentSignatureHeader(payload), payer: payer.address };
+  return { header: await evmPaymentHeader(offer.body, payer), payer: payer.address };
 }
 
 async function walletState(services: Services, address: string) {

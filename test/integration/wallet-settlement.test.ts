@@ -9,10 +9,6 @@ import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { encodePaymentSignatureHeader } from '@x402/core/http';
-import type { PaymentRequired } from '@x402/core/types';
-import { ExactEvmScheme } from '@x402/evm/exact/client';
-import { x402Client } from '@x402/fetch';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import type { Facilitator } from '../../server/providers/x402/facilitator.ts';
@@ -23,6 +19,7 @@ import { createPendingSettlementStore } from '../../server/storage/x402-payments
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
 import { startServer as startTestServer } from '../support/server.ts';
 import { installTestUsdc, mintUsdc, usdcBalance } from '../support/x402/contracts.ts';
+import { evmPaymentHeader } from '../support/x402/payments.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-settlement-'));
 const PAY_TO = privateKeyToAccount(generatePrivateKey()).address;
@@ -70,11 +67,7 @@ async function signedPayment(
   await mintUsdc(anvil.url, ANVIL_PRIVATE_KEYS[1], payer.address, 20_000_000n);
   const offer = await topUp({ amountUsd });
   expect(offer.status).toBe(402);
-  const client = new x402Client()
-    .register('eip155:8453', new ExactEvmScheme(payer))
-    .setSpendControls({ maxAmountPerPayment: '$100' });
-  const payload = await client.createPaymentPayload(offer.body as PaymentRequired);
-  return { header: encodePaymentSignatureHeader(payload), payer: payer.address };
+  return { header: await evmPaymentHeader(offer.body, payer), payer: payer.address };
 }
 
 async function topUpEntries(services: Services, address: string) {

@@ -9,10 +9,6 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { encodePaymentSignatureHeader } from '@x402/core/http';
-import type { PaymentRequired } from '@x402/core/types';
-import { ExactEvmScheme } from '@x402/evm/exact/client';
-import { x402Client } from '@x402/fetch';
 import { getAddress, type Hex, type LocalAccount, toHex } from 'viem';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
@@ -26,6 +22,7 @@ import {
   mintUsdc,
   usdcBalance,
 } from '../support/x402/contracts.ts';
+import { evmPaymentHeader } from '../support/x402/payments.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-smart-'));
@@ -181,11 +178,7 @@ describe('Smart wallets (EIP-1271, ERC-6492): sign-in and payment', () => {
     const pay = async (base: string) => {
       const offer = await topUp(base);
       expect(offer.status).toBe(402);
-      const client = new x402Client()
-        .register('eip155:8453', new ExactEvmScheme(signer as never))
-        .setSpendControls({ maxAmountPerPayment: '$100' });
-      const payload = await client.createPaymentPayload(offer.body as unknown as PaymentRequired);
-      return topUp(base, { 'PAYMENT-SIGNATURE': encodePaymentSignatureHeader(payload) });
+      return topUp(base, { 'PAYMENT-SIGNATURE': await evmPaymentHeader(offer.body, signer as never) });
     };
 
     const refused = await pay(unlisted);

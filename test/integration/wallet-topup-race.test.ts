@@ -5,10 +5,6 @@
  * `PAYMENT_ALREADY_SETTLED`), not as an invalid one (400), and the payment is credited once.
  */
 import type { AddressInfo } from 'node:net';
-import { encodePaymentSignatureHeader } from '@x402/core/http';
-import type { PaymentPayload, PaymentRequired } from '@x402/core/types';
-import { ExactEvmScheme } from '@x402/evm/exact/client';
-import { x402Client } from '@x402/fetch';
 import { pino } from 'pino';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
@@ -21,6 +17,7 @@ import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/an
 import { withCoverage } from '../support/coverage.ts';
 import { checkInvariants } from '../support/invariants.ts';
 import { installTestUsdc, mintUsdc, usdcBalance } from '../support/x402/contracts.ts';
+import { evmPaymentHeader } from '../support/x402/payments.ts';
 
 // biome-ignore lint/suspicious/noExplicitAny: response bodies as tests read them; assertions check their shape.
 type Json = any;
@@ -97,11 +94,7 @@ describe('x402 top-up: a submission verified after a concurrent one settled', ()
     await mintUsdc(anvil.url, ANVIL_PRIVATE_KEYS[1], payer.address, 20_000_000n);
     const offer = await topUp();
     expect(offer.status).toBe(402);
-    const payload: PaymentPayload = await new x402Client()
-      .register('eip155:8453', new ExactEvmScheme(payer))
-      .setSpendControls({ maxAmountPerPayment: '$100' })
-      .createPaymentPayload(offer.body as PaymentRequired);
-    const header = encodePaymentSignatureHeader(payload);
+    const header = await evmPaymentHeader(offer.body, payer);
     const [first, second] = await Promise.all([
       topUp({ 'PAYMENT-SIGNATURE': header }),
       topUp({ 'PAYMENT-SIGNATURE': header }),

@@ -9,14 +9,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { decodePaymentResponseHeader, encodePaymentSignatureHeader } from '@x402/core/http';
 import type { PaymentPayload, PaymentRequired } from '@x402/core/types';
-import { ExactEvmScheme } from '@x402/evm/exact/client';
-import { wrapFetchWithPayment, x402Client } from '@x402/fetch';
+import { wrapFetchWithPayment } from '@x402/fetch';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import type { Services } from '../../server/services.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
 import { startServer as startTestServer } from '../support/server.ts';
 import { BASE_USDC, installTestUsdc, mintUsdc, usdcBalance } from '../support/x402/contracts.ts';
+import { evmPayingClient } from '../support/x402/payments.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-topup-'));
 const FACILITATOR_KEY = ANVIL_PRIVATE_KEYS[0];
@@ -56,12 +56,6 @@ async function fundedPayer(usdc: bigint) {
   return account;
 }
 
-function payingClient(account: ReturnType<typeof privateKeyToAccount>) {
-  return new x402Client()
-    .register('eip155:8453', new ExactEvmScheme(account))
-    .setSpendControls({ maxAmountPerPayment: '$100' });
-}
-
 async function topUp(body: unknown, headers: Record<string, string> = {}) {
   const response = await fetch(`${base}/x402/top-up`, {
     method: 'POST',
@@ -76,7 +70,7 @@ async function signedPayment(account: ReturnType<typeof privateKeyToAccount>, am
   const offer = await topUp({ amountUsd });
   expect(offer.status).toBe(402);
   const paymentRequired = offer.body as PaymentRequired;
-  const payload: PaymentPayload = await payingClient(account).createPaymentPayload(paymentRequired);
+  const payload: PaymentPayload = await evmPayingClient(account).createPaymentPayload(paymentRequired);
   return encodePaymentSignatureHeader(payload);
 }
 
@@ -116,7 +110,7 @@ describe('POST /x402/top-up on a real EVM node', () => {
   test('behavior: the stock @x402/fetch client tops up 5 USD; tokens move; one TOP_UP; a replay is refused', async () => {
     const payer = await fundedPayer(20_000_000n);
     let sentHeader = '';
-    const client = payingClient(payer).onAfterPaymentCreation(async ({ paymentPayload }) => {
+    const client = evmPayingClient(payer).onAfterPaymentCreation(async ({ paymentPayload }) => {
       sentHeader = encodePaymentSignatureHeader(paymentPayload);
     });
     const payFetch = wrapFetchWithPayment(fetch, client);
@@ -184,7 +178,7 @@ describe('POST /x402/top-up on a real EVM node', () => {
     expect((await topUp({ amountUsd: 10_000.01 })).status).toBe(400);
     expect((await topUp({ amountUsd: 5.0000001 })).status).toBe(400);
     const payer = await fundedPayer(20_000_000n);
-    const response = await wrapFetchWithPayment(fetch, payingClient(payer))(`${base}/x402/top-up`, {
+    const response = await wrapFetchWithPayment(fetch, evmPayingClient(payer))(`${base}/x402/top-up`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify({ amountUsd: 4.99 }),

@@ -7,14 +7,11 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { encodePaymentSignatureHeader } from '@x402/core/http';
-import type { PaymentPayload, PaymentRequired } from '@x402/core/types';
-import { ExactEvmScheme } from '@x402/evm/exact/client';
-import { x402Client } from '@x402/fetch';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { type RpcStandIn, startRpcStandIn } from '../support/rpc-upstream.ts';
 import { type StartedServer, startServer } from '../support/server.ts';
+import { evmPaymentHeader } from '../support/x402/payments.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'x402-node-'));
 const unhandled: unknown[] = [];
@@ -51,11 +48,7 @@ describe.each<['garbage' | 'error500']>([['garbage'], ['error500']])('a Base nod
     const offer = await topUp();
     expect(offer.status).toBe(402);
     const payer = privateKeyToAccount(generatePrivateKey());
-    const payload: PaymentPayload = await new x402Client()
-      .register('eip155:8453', new ExactEvmScheme(payer))
-      .setSpendControls({ maxAmountPerPayment: '$100' })
-      .createPaymentPayload((await offer.json()) as PaymentRequired);
-    const paid = await topUp({ 'payment-signature': encodePaymentSignatureHeader(payload) });
+    const paid = await topUp({ 'payment-signature': await evmPaymentHeader(await offer.json(), payer) });
     const body = (await paid.json()) as { error?: unknown };
     expect(paid.status).toBeGreaterThanOrEqual(400);
     expect(typeof body.error).toBe('string');

@@ -3,11 +3,8 @@
  * cannot sign itself: the x402 payment for a 5 USD top-up, made by the stock client from the server's own 402,
  * and one Sign-In-With-X proof per signed step (a proof's nonce is single-use).
  */
-import { encodePaymentSignatureHeader } from '@x402/core/http';
-import type { PaymentRequired } from '@x402/core/types';
-import { ExactEvmScheme } from '@x402/evm/exact/client';
-import { x402Client } from '@x402/fetch';
 import type { LocalAccount } from 'viem';
+import { evmPaymentHeader } from './payments.ts';
 import { evmSignIn } from './siwx.ts';
 
 /** What the wallet signs: the payment for a 5 USD top-up (from the server's own 402) and four sign-ins. */
@@ -23,14 +20,11 @@ export async function walletInputs(
   });
   if (offer.status !== 402)
     throw new Error(`POST /x402/top-up without payment answered ${offer.status}, not 402`);
-  const payload = await new x402Client()
-    .register('eip155:8453', new ExactEvmScheme(account))
-    .setSpendControls({ maxAmountPerPayment: '$10' })
-    .createPaymentPayload((await offer.json()) as PaymentRequired);
+  const payment = await evmPaymentHeader(await offer.json(), account, '$10');
   const signIn = () => evmSignIn(account, { origin });
   return {
     wallet: account.address,
-    payment: encodePaymentSignatureHeader(payload),
+    payment,
     signInBalance: await signIn(),
     signInChat: await signIn(),
     signInTransactions: await signIn(),
