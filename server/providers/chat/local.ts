@@ -70,6 +70,8 @@ function hash32(text: string): number {
   return value;
 }
 
+const NO_ALTERNATIVES: { word: string; logprob: number }[] = [];
+
 type Draw = { word: string; logprob: number; alternatives: { word: string; logprob: number }[] };
 
 type Sampler = { next(previous: string): Draw };
@@ -84,6 +86,7 @@ function createSampler(
   random: () => number,
   promptWords: string[],
   lexicon: string[],
+  withAlternatives: boolean,
 ): Sampler {
   const s = request.sampling;
   const counts = new Map<string, number>();
@@ -147,7 +150,10 @@ function createSampler(
       return {
         word: chosen.word,
         logprob: logOf(chosen.p),
-        alternatives: candidates.map((c, i) => ({ word: c.word, logprob: logOf(probs[i] ?? 0) })),
+        // Only kept when top log probabilities are asked for: 16 objects a word, held for a whole stream.
+        alternatives: withAlternatives
+          ? candidates.map((c, i) => ({ word: c.word, logprob: logOf(probs[i] ?? 0) }))
+          : NO_ALTERNATIVES,
       };
     },
   };
@@ -380,14 +386,14 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
         const random = mulberry32(baseSeed * 31 + index);
         // Length and sentence breaks follow the prompt, so a greedy draw gives one answer whatever the seed.
         const shape = mulberry32(hash32(`${lastUserText(request.messages)}\u0000${index}`));
-        const sampler = createSampler(request, random, promptWords, LEXICON);
+        const sampler = createSampler(request, random, promptWords, LEXICON, topN > 0);
         const budget = request.maxTokens;
         const plan: PlannedToken[] = [];
         const reasoning = request.reasoning;
         if (reasoning?.enabled) {
           const words = EFFORT_WORDS[reasoning.effort ?? 'medium'] ?? 40;
           const thought = sentences(
-            createSampler(request, random, promptWords, REASONING_LEXICON),
+            createSampler(request, random, promptWords, REASONING_LEXICON, topN > 0),
             shape,
             words,
           );
