@@ -362,6 +362,22 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       .where('id', '=', accountId),
   );
 
+  const selectBalance = compiledOnce((epochDay: number, accountId: string) =>
+    db
+      .selectFrom('accounts')
+      .leftJoin('diem_usage', (join) =>
+        join.onRef('diem_usage.account_id', '=', 'accounts.id').on('diem_usage.epoch_day', '=', epochDay),
+      )
+      .select([
+        'accounts.usd_balance_nano',
+        'accounts.usd_reserved_nano',
+        'accounts.diem_stake_nano',
+        'diem_usage.used_nano',
+        'diem_usage.reserved_nano',
+      ])
+      .where('accounts.id', '=', accountId),
+  );
+
   async function diemUsage(q: Executor, accountId: string, epochDay: number) {
     const row = await q
       .selectFrom('diem_usage')
@@ -451,12 +467,38 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     return { usdNano, diemNano };
   }
 
+  /** The multi-row INSERT of ledger entries, compiled once per shape (columns and row count; a handful). */
+  const entryInserts = new Map<string, (runner: Executor, ...values: unknown[]) => Promise<unknown[]>>();
+  async function insertEntryRows(trx: Transaction<Tables>, entries: NewEntry[]) {
+    const columns = Object.keys(entries[0] as NewEntry) as (keyof NewEntry)[];
+    const shape = `${entries.length}:${columns.join(',')}`;
+    let insert = entryInserts.get(shape);
+    if (!insert) {
+      insert = compiledOnce((...values: unknown[]) =>
+        db
+          .insertInto('ledger_entries')
+          .values(
+            entries.map(
+              (_, row) =>
+                Object.fromEntries(
+                  columns.map((column, i) => [column, values[row * columns.length + i]]),
+                ) as NewEntry,
+            ),
+          )
+          .returningAll(),
+      ) as (runner: Executor, ...values: unknown[]) => Promise<unknown[]>;
+      if (entryInserts.size < 64) entryInserts.set(shape, insert);
+    }
+    const values = entries.flatMap((entry) => columns.map((column) => entry[column]));
+    return (await insert(trx, ...values)) as Selectable<LedgerEntriesTable>[];
+  }
+
   async function insertEntries(trx: Transaction<Tables>, entries: Array<NewEntry>): Promise<LedgerEntry[]> {
     if (entries.length === 0) return [];
     // One statement for all of them: both engines number the rows of a multi-row VALUES in list order, so
     // `seq` follows the order the entries were computed in; sorted by `seq` since RETURNING order is not
     // promised.
-    const rows = await trx.insertInto('ledger_entries').values(entries).returningAll().execute();
+    const rows = await insertEntryRows(trx, entries);
     if (rows.length !== entries.length)
       throw new StorageError('STORAGE_FAILURE', 'Ledger entries were not written');
     return rows.map(toLedgerEntry).sort((a, b) => a.seq - b.seq);
@@ -618,22 +660,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     /** The account's balances at `at` (today's DIEM figures are for the UTC day of `at`). */
     async getBalance(accountId: string, at: number = now()): Promise<Balance> {
       // One statement: the account and its DIEM counters of the day.
-      const row = await db
-        .selectFrom('accounts')
-        .leftJoin('diem_usage', (join) =>
-          join
-            .onRef('diem_usage.account_id', '=', 'accounts.id')
-            .on('diem_usage.epoch_day', '=', epochDayOf(at)),
-        )
-        .select([
-          'accounts.usd_balance_nano',
-          'accounts.usd_reserved_nano',
-          'accounts.diem_stake_nano',
-          'diem_usage.used_nano',
-          'diem_usage.reserved_nano',
-        ])
-        .where('accounts.id', '=', accountId)
-        .executeTakeFirst();
+      const [row] = await selectBalance(db, epochDayOf(at), accountId);
       if (!row) throw new NotFoundError('account', accountId);
       return balanceOf(row, { usedNano: row.used_nano ?? 0n, reservedNano: row.reserved_nano ?? 0n });
     },
