@@ -19,7 +19,7 @@ const total = samples.length;
 const parent = new Map();
 for (const n of prof.nodes) for (const c of n.children ?? []) parent.set(c, n.id);
 const key = (n) =>
-  `${n.callFrame.functionName || '(anon)'} ${n.callFrame.url.replace(/.*node_modules\//, 'nm/').replace(/.*wt-bench\//, '')}:${n.callFrame.lineNumber}`;
+  `${n.callFrame.functionName || '(anon)'} ${n.callFrame.url.replace(/.*node_modules\//, 'nm/').replace(/.*\/work\/[^/]+\//, '')}:${n.callFrame.lineNumber}`;
 const incl = new Map();
 const selfm = new Map();
 const pkg = new Map();
@@ -38,7 +38,11 @@ for (const [id, c] of counts) {
   }
   const u = n.callFrame.url;
   const m = u.match(/node_modules\/((@[^/]+\/)?[^/]+)/);
-  const p = m ? m[1] : u.includes('wt-bench') ? u.replace(/.*wt-bench\//, '') : u || n.callFrame.functionName;
+  const p = m
+    ? m[1]
+    : /\/work\/[^/]+\//.test(u)
+      ? u.replace(/.*\/work\/[^/]+\//, '')
+      : u || n.callFrame.functionName;
   pkg.set(p, (pkg.get(p) ?? 0) + c);
 }
 const top = (m, n) =>

@@ -290,6 +290,10 @@ export async function createServices(
       const model = typeof requested === 'string' ? requested : undefined;
       const inference = inferenceOperations.has(operationId);
       // The JSON-RPC proxy has its own per-minute and credit caps.
+      // The balance headers are read while the rate limits are counted (a read only: wasted, and harmless,
+      // when a limit refuses): on PostgreSQL the two run on two pooled connections at once.
+      const balance = inference ? inferenceHeaders(principal, model) : undefined;
+      balance?.catch(() => undefined); // awaited below; a refusal must not leave it unhandled
       const limits =
         operationId === 'callCryptoRpc'
           ? {}
@@ -302,7 +306,7 @@ export async function createServices(
                 operationId === 'retrieveVideo' || operationId === 'completeVideo' ? undefined : model,
               )
             ).headers;
-      return inference ? { ...limits, ...(await inferenceHeaders(principal, model)) } : limits;
+      return balance ? { ...limits, ...(await balance) } : limits;
     },
   };
 

@@ -3,6 +3,7 @@
  * types, UTC day arithmetic for the DIEM epoch and key limit periods, and driver error classification.
  */
 import { randomUUID } from 'node:crypto';
+import type { Compilable, CompiledQuery, QueryResult } from 'kysely';
 import { InvalidInputError } from './errors.ts';
 
 export const DAY_MS = 86_400_000;
@@ -81,4 +82,40 @@ export function isUniqueViolation(error: unknown): boolean {
 export function assertAmount(field: string, value: bigint): void {
   if (typeof value !== 'bigint') throw new InvalidInputError(field, `${field} must be a bigint`);
   if (value < 0n) throw new InvalidInputError(field, `${field} must not be negative`);
+}
+
+/** What runs a compiled statement: the Kysely instance or a transaction of it. */
+export type StatementRunner = { executeQuery<R>(query: CompiledQuery<R>): Promise<QueryResult<R>> };
+
+/**
+ * A hot statement that Kysely builds and compiles once (per repository, so per dialect) and then runs with
+ * new values: building and compiling a query on every call was about a fifth of a chat request's CPU.
+ * `build` receives one stand-in per value and must only place them (no logic on them): each stand-in becomes
+ * a parameter of the compiled statement, replaced by the call's value. The SQL text sent is the one Kysely
+ * compiles, so prepared-statement caches, the statement counts of the round-trip test and the PostgreSQL
+ * types are unchanged.
+ */
+export function compiledOnce<Row, A extends unknown[]>(
+  build: (...values: A) => Compilable<Row>,
+): (runner: StatementRunner, ...values: A) => Promise<Row[]> {
+  let template: { compiled: CompiledQuery<Row>; slots: (number | undefined)[] } | undefined;
+  return async (runner, ...values) => {
+    if (!template) {
+      const standIns = values.map((_, index) => ({ standIn: index }));
+      const compiled = build(...(standIns as unknown as A)).compile();
+      const slots = compiled.parameters.map((parameter) => {
+        const index = standIns.indexOf(parameter as { standIn: number });
+        return index < 0 ? undefined : index;
+      });
+      if (standIns.some((_, index) => !slots.includes(index)))
+        throw new Error(`compiledOnce: a value was not compiled to a parameter in ${compiled.sql}`);
+      template = { compiled, slots };
+    }
+    const { compiled, slots } = template;
+    const parameters = compiled.parameters.map((fixed, i) => {
+      const slot = slots[i];
+      return slot === undefined ? fixed : values[slot];
+    });
+    return (await runner.executeQuery<Row>({ ...compiled, parameters })).rows;
+  };
 }

@@ -29,6 +29,7 @@ import {
 } from './errors.ts';
 import {
   assertAmount,
+  compiledOnce,
   DAY_MS,
   epochDayOf,
   isoDay,
@@ -264,8 +265,8 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
    * lockAccount and the spend limits of one of the account's keys in a single statement (PostgreSQL locks
    * only the account row). `key` is undefined when the key does not exist or belongs to another account.
    */
-  async function lockAccountWithKey(trx: Transaction<Tables>, accountId: string, apiKeyId: string) {
-    let query = trx
+  const selectAccountWithKey = compiledOnce((accountId: string, apiKeyId: string) => {
+    const query = db
       .selectFrom('accounts')
       .leftJoin('api_keys', (join) =>
         join.onRef('api_keys.account_id', '=', 'accounts.id').on('api_keys.id', '=', apiKeyId),
@@ -278,8 +279,11 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         'api_keys.limit_period as key_limit_period',
       ])
       .where('accounts.id', '=', accountId);
-    if (dialect === 'postgres') query = query.forUpdate('accounts');
-    const row = await query.executeTakeFirst();
+    return dialect === 'postgres' ? query.forUpdate('accounts') : query;
+  });
+
+  async function lockAccountWithKey(trx: Transaction<Tables>, accountId: string, apiKeyId: string) {
+    const [row] = await selectAccountWithKey(trx, accountId, apiKeyId);
     if (!row) throw new NotFoundError('account', accountId);
     const { key_id, key_limit_usd_nano, key_limit_diem_nano, key_limit_period, ...account } = row;
     const key =
@@ -292,6 +296,87 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
           };
     return { account, key };
   }
+
+  // The statements of every reservation and capture, compiled once (see compiledOnce).
+  const insertReservation = compiledOnce(
+    (
+      id: string,
+      accountId: string,
+      apiKeyId: string | null,
+      requestId: string,
+      modelId: string | null,
+      usdNano: bigint,
+      diemNano: bigint,
+      epochDay: number,
+      createdAtMs: number,
+      expiresAtMs: number,
+    ) =>
+      db
+        .insertInto('reservations')
+        .values({
+          id,
+          account_id: accountId,
+          api_key_id: apiKeyId,
+          request_id: requestId,
+          model_id: modelId,
+          usd_nano: usdNano,
+          diem_nano: diemNano,
+          epoch_day: epochDay,
+          status: 'held',
+          created_at_ms: createdAtMs,
+          expires_at_ms: expiresAtMs,
+          settled_at_ms: null,
+        })
+        .returningAll(),
+  );
+  const addReserved = compiledOnce((usdNano: bigint, accountId: string) =>
+    db
+      .updateTable('accounts')
+      .set((eb) => ({ usd_reserved_nano: eb('usd_reserved_nano', '+', usdNano) }))
+      .where('id', '=', accountId),
+  );
+  const selectReservationAccount = compiledOnce((reservationId: string) => {
+    const query = db
+      .selectFrom('accounts')
+      .selectAll()
+      .where('id', '=', (eb) =>
+        eb.selectFrom('reservations').select('account_id').where('id', '=', reservationId),
+      );
+    return dialect === 'postgres' ? query.forUpdate() : query;
+  });
+  const claimReservation = compiledOnce((settledAtMs: number, reservationId: string) =>
+    db
+      .updateTable('reservations')
+      .set({ status: 'captured', settled_at_ms: settledAtMs })
+      .where('id', '=', reservationId)
+      .where('status', '=', 'held')
+      .returningAll(),
+  );
+  const settleAccount = compiledOnce((chargedNano: bigint, releasedNano: bigint, accountId: string) =>
+    db
+      .updateTable('accounts')
+      .set((eb) => ({
+        usd_balance_nano: eb('usd_balance_nano', '-', chargedNano),
+        usd_reserved_nano: eb('usd_reserved_nano', '-', releasedNano),
+      }))
+      .where('id', '=', accountId),
+  );
+
+  const selectBalance = compiledOnce((epochDay: number, accountId: string) =>
+    db
+      .selectFrom('accounts')
+      .leftJoin('diem_usage', (join) =>
+        join.onRef('diem_usage.account_id', '=', 'accounts.id').on('diem_usage.epoch_day', '=', epochDay),
+      )
+      .select([
+        'accounts.usd_balance_nano',
+        'accounts.usd_reserved_nano',
+        'accounts.diem_stake_nano',
+        'diem_usage.used_nano',
+        'diem_usage.reserved_nano',
+      ])
+      .where('accounts.id', '=', accountId),
+  );
 
   async function diemUsage(q: Executor, accountId: string, epochDay: number) {
     const row = await q
@@ -382,12 +467,38 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     return { usdNano, diemNano };
   }
 
+  /** The multi-row INSERT of ledger entries, compiled once per shape (columns and row count; a handful). */
+  const entryInserts = new Map<string, (runner: Executor, ...values: unknown[]) => Promise<unknown[]>>();
+  async function insertEntryRows(trx: Transaction<Tables>, entries: NewEntry[]) {
+    const columns = Object.keys(entries[0] as NewEntry) as (keyof NewEntry)[];
+    const shape = `${entries.length}:${columns.join(',')}`;
+    let insert = entryInserts.get(shape);
+    if (!insert) {
+      insert = compiledOnce((...values: unknown[]) =>
+        db
+          .insertInto('ledger_entries')
+          .values(
+            entries.map(
+              (_, row) =>
+                Object.fromEntries(
+                  columns.map((column, i) => [column, values[row * columns.length + i]]),
+                ) as NewEntry,
+            ),
+          )
+          .returningAll(),
+      ) as (runner: Executor, ...values: unknown[]) => Promise<unknown[]>;
+      if (entryInserts.size < 64) entryInserts.set(shape, insert);
+    }
+    const values = entries.flatMap((entry) => columns.map((column) => entry[column]));
+    return (await insert(trx, ...values)) as Selectable<LedgerEntriesTable>[];
+  }
+
   async function insertEntries(trx: Transaction<Tables>, entries: Array<NewEntry>): Promise<LedgerEntry[]> {
     if (entries.length === 0) return [];
     // One statement for all of them: both engines number the rows of a multi-row VALUES in list order, so
     // `seq` follows the order the entries were computed in; sorted by `seq` since RETURNING order is not
     // promised.
-    const rows = await trx.insertInto('ledger_entries').values(entries).returningAll().execute();
+    const rows = await insertEntryRows(trx, entries);
     if (rows.length !== entries.length)
       throw new StorageError('STORAGE_FAILURE', 'Ledger entries were not written');
     return rows.map(toLedgerEntry).sort((a, b) => a.seq - b.seq);
@@ -549,22 +660,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     /** The account's balances at `at` (today's DIEM figures are for the UTC day of `at`). */
     async getBalance(accountId: string, at: number = now()): Promise<Balance> {
       // One statement: the account and its DIEM counters of the day.
-      const row = await db
-        .selectFrom('accounts')
-        .leftJoin('diem_usage', (join) =>
-          join
-            .onRef('diem_usage.account_id', '=', 'accounts.id')
-            .on('diem_usage.epoch_day', '=', epochDayOf(at)),
-        )
-        .select([
-          'accounts.usd_balance_nano',
-          'accounts.usd_reserved_nano',
-          'accounts.diem_stake_nano',
-          'diem_usage.used_nano',
-          'diem_usage.reserved_nano',
-        ])
-        .where('accounts.id', '=', accountId)
-        .executeTakeFirst();
+      const [row] = await selectBalance(db, epochDayOf(at), accountId);
       if (!row) throw new NotFoundError('account', accountId);
       return balanceOf(row, { usedNano: row.used_nano ?? 0n, reservedNano: row.reserved_nano ?? 0n });
     },
@@ -702,31 +798,21 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
             }
           }
         }
-        const row = await trx
-          .insertInto('reservations')
-          .values({
-            id: randomId(),
-            account_id: input.accountId,
-            api_key_id: apiKeyId,
-            request_id: input.requestId,
-            model_id: input.modelId ?? null,
-            usd_nano: usdPart,
-            diem_nano: diemPart,
-            epoch_day: epochDay,
-            status: 'held',
-            created_at_ms: at,
-            expires_at_ms: at + input.ttlMs,
-            settled_at_ms: null,
-          })
-          .returningAll()
-          .executeTakeFirstOrThrow();
-        if (usdPart > 0n) {
-          await trx
-            .updateTable('accounts')
-            .set((eb) => ({ usd_reserved_nano: eb('usd_reserved_nano', '+', usdPart) }))
-            .where('id', '=', input.accountId)
-            .execute();
-        }
+        const [row] = await insertReservation(
+          trx,
+          randomId(),
+          input.accountId,
+          apiKeyId,
+          input.requestId,
+          input.modelId ?? null,
+          usdPart,
+          diemPart,
+          epochDay,
+          at,
+          at + input.ttlMs,
+        );
+        if (!row) throw new StorageError('STORAGE_FAILURE', 'The reservation was not written');
+        if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
         await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
         return { reservation: toReservation(row) };
       });
@@ -752,24 +838,11 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       const at = now();
       return db.transaction().execute(async (trx) => {
         // The reservation's account, locked first as every writer does, found in the same statement.
-        let lock = trx
-          .selectFrom('accounts')
-          .selectAll()
-          .where('id', '=', (eb) =>
-            eb.selectFrom('reservations').select('account_id').where('id', '=', reservationId),
-          );
-        if (dialect === 'postgres') lock = lock.forUpdate();
-        const account = await lock.executeTakeFirst();
+        const [account] = await selectReservationAccount(trx, reservationId);
         if (!account) throw new NotFoundError('reservation', reservationId);
         // Claimed by a conditional update: it locks the row and proves it was still held, in one statement.
         // Should anything below fail, the transaction rolls the claim back with the rest.
-        const reservation = await trx
-          .updateTable('reservations')
-          .set({ status: 'captured', settled_at_ms: at })
-          .where('id', '=', reservationId)
-          .where('status', '=', 'held')
-          .returningAll()
-          .executeTakeFirst();
+        const [reservation] = await claimReservation(trx, at, reservationId);
         if (!reservation) {
           const current = await trx
             .selectFrom('reservations')
@@ -832,14 +905,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         }
         const entries = await insertEntries(trx, values);
         if (usdCharged > 0n || reservation.usd_nano > 0n) {
-          await trx
-            .updateTable('accounts')
-            .set((eb) => ({
-              usd_balance_nano: eb('usd_balance_nano', '-', usdCharged),
-              usd_reserved_nano: eb('usd_reserved_nano', '-', reservation.usd_nano),
-            }))
-            .where('id', '=', reservation.account_id)
-            .execute();
+          await settleAccount(trx, usdCharged, reservation.usd_nano, reservation.account_id);
         }
         await bumpDiem(trx, reservation.account_id, toNumber(reservation.epoch_day), {
           usedNano: diemCharged,

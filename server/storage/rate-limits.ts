@@ -11,7 +11,7 @@
 import type { Selectable } from 'kysely';
 import type { Database } from './database.ts';
 import { InvalidInputError } from './errors.ts';
-import { type RepositoryOptions, resolveOptions, toNumber } from './internal.ts';
+import { compiledOnce, type RepositoryOptions, resolveOptions, toNumber } from './internal.ts';
 import type { RateLimitEventsTable } from './schema.ts';
 
 export type HitInput = {
@@ -89,13 +89,28 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
     return { start, resetAtMs: start + windowMs };
   }
 
-  async function current(bucket: string, windowStart: number): Promise<number> {
-    const row = await db
+  const selectUsed = compiledOnce((bucket: string, windowStart: number) =>
+    db
       .selectFrom('rate_limit_counters')
       .select('used')
       .where('bucket', '=', bucket)
-      .where('window_start_ms', '=', windowStart)
-      .executeTakeFirst();
+      .where('window_start_ms', '=', windowStart),
+  );
+  const countHit = compiledOnce((bucket: string, windowStart: number, cost: number, limit: number) =>
+    db
+      .insertInto('rate_limit_counters')
+      .values({ bucket, window_start_ms: windowStart, used: cost })
+      .onConflict((oc) =>
+        oc
+          .columns(['bucket', 'window_start_ms'])
+          .doUpdateSet((eb) => ({ used: eb('rate_limit_counters.used', '+', cost) }))
+          .where((eb) => eb(eb('rate_limit_counters.used', '+', cost), '<=', limit)),
+      )
+      .returning('used'),
+  );
+
+  async function current(bucket: string, windowStart: number): Promise<number> {
+    const [row] = await selectUsed(db, bucket, windowStart);
     return row ? toNumber(row.used) : 0;
   }
 
@@ -115,17 +130,7 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       });
       // Nothing can fit: answer without writing (an insert would count the first hit unconditionally).
       if (cost > limit) return result(await current(input.bucket, start), false);
-      const row = await db
-        .insertInto('rate_limit_counters')
-        .values({ bucket: input.bucket, window_start_ms: start, used: cost })
-        .onConflict((oc) =>
-          oc
-            .columns(['bucket', 'window_start_ms'])
-            .doUpdateSet((eb) => ({ used: eb('rate_limit_counters.used', '+', cost) }))
-            .where((eb) => eb(eb('rate_limit_counters.used', '+', cost), '<=', limit)),
-        )
-        .returning('used')
-        .executeTakeFirst();
+      const [row] = await countHit(db, input.bucket, start, cost, limit);
       if (row) return result(toNumber(row.used), true);
       return result(await current(input.bucket, start), false);
     },

@@ -9,7 +9,7 @@
 import { sql } from 'kysely';
 import type { Database } from './database.ts';
 import { InvalidInputError } from './errors.ts';
-import { DAY_MS, type RepositoryOptions, resolveOptions, toNumber } from './internal.ts';
+import { compiledOnce, DAY_MS, type RepositoryOptions, resolveOptions, toNumber } from './internal.ts';
 
 const MINUTE_MS = 60_000;
 
@@ -48,6 +48,36 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
   const { db } = database;
   const { now } = resolveOptions(options);
   const postgres = database.dialect === 'postgres';
+  // The statements of every take, compiled once (see compiledOnce).
+  const ensureSubject = compiledOnce((subject: string) =>
+    db
+      .insertInto('rpc_credit_subjects')
+      .values({ subject })
+      .onConflict((oc) => oc.column('subject').doNothing()),
+  );
+  const lockSubject = compiledOnce((subject: string) =>
+    db.selectFrom('rpc_credit_subjects').select('subject').where('subject', '=', subject).forUpdate(),
+  );
+  const selectUsage = compiledOnce((subject: string, oldest: number) =>
+    db
+      .selectFrom('rpc_credit_usage')
+      .select([
+        sql<string | number | bigint>`coalesce(sum(credits), 0)`.as('used'),
+        sql<string | number | bigint | null>`min(bucket_ms)`.as('first'),
+      ])
+      .where('subject', '=', subject)
+      .where('bucket_ms', '>=', oldest),
+  );
+  const addUsage = compiledOnce((subject: string, bucketMs: number, amount: number) =>
+    db
+      .insertInto('rpc_credit_usage')
+      .values({ subject, bucket_ms: bucketMs, credits: amount })
+      .onConflict((oc) =>
+        oc
+          .columns(['subject', 'bucket_ms'])
+          .doUpdateSet((eb) => ({ credits: eb('rpc_credit_usage.credits', '+', amount) })),
+      ),
+  );
 
   return {
     /** Counts `credits` for the subject if the rolling 24-hour total stays within `limit`. */
@@ -58,28 +88,9 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
       const bucketMs = Math.floor(at / MINUTE_MS) * MINUTE_MS;
       const oldest = bucketMs - DAY_MS + MINUTE_MS;
       return db.transaction().execute(async (trx) => {
-        await trx
-          .insertInto('rpc_credit_subjects')
-          .values({ subject: input.subject })
-          .onConflict((oc) => oc.column('subject').doNothing())
-          .execute();
-        if (postgres) {
-          await trx
-            .selectFrom('rpc_credit_subjects')
-            .select('subject')
-            .where('subject', '=', input.subject)
-            .forUpdate()
-            .execute();
-        }
-        const row = await trx
-          .selectFrom('rpc_credit_usage')
-          .select([
-            sql<string | number | bigint>`coalesce(sum(credits), 0)`.as('used'),
-            sql<string | number | bigint | null>`min(bucket_ms)`.as('first'),
-          ])
-          .where('subject', '=', input.subject)
-          .where('bucket_ms', '>=', oldest)
-          .executeTakeFirst();
+        await ensureSubject(trx, input.subject);
+        if (postgres) await lockSubject(trx, input.subject);
+        const [row] = await selectUsage(trx, input.subject, oldest);
         const used = toNumber(row?.used ?? 0);
         if (used + amount > limit) {
           const first = row?.first;
@@ -90,15 +101,7 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
           };
         }
         if (amount > 0) {
-          await trx
-            .insertInto('rpc_credit_usage')
-            .values({ subject: input.subject, bucket_ms: bucketMs, credits: amount })
-            .onConflict((oc) =>
-              oc
-                .columns(['subject', 'bucket_ms'])
-                .doUpdateSet((eb) => ({ credits: eb('rpc_credit_usage.credits', '+', amount) })),
-            )
-            .execute();
+          await addUsage(trx, input.subject, bucketMs, amount);
         }
         return { allowed: true as const, bucketMs, used: used + amount };
       });

@@ -11,7 +11,14 @@ import {
   StorageConfigError,
   StorageError,
 } from '../../server/storage/errors.ts';
-import { epochDayOf, isoDay, periodStartMs, toBigInt, toNumber } from '../../server/storage/internal.ts';
+import {
+  compiledOnce,
+  epochDayOf,
+  isoDay,
+  periodStartMs,
+  toBigInt,
+  toNumber,
+} from '../../server/storage/internal.ts';
 import { migrate, storageMigrations } from '../../server/storage/migrations.ts';
 
 describe('parseDatabaseUrl', () => {
@@ -153,5 +160,48 @@ describe('errors', () => {
     expect(limit.message).toBe('API key DIEM spend limit exceeded');
     const cause = new Error('driver');
     expect(new StorageError('STORAGE_FAILURE', 'x', { cause }).cause).toBe(cause);
+  });
+});
+
+describe('compiledOnce', () => {
+  test("behavior: compiles once, then runs the same SQL with each call's values (a value used twice too)", async () => {
+    const database = await createDatabase('sqlite::memory:');
+    try {
+      await migrate(database);
+      const { db } = database;
+      let builds = 0;
+      const hit = compiledOnce((bucket: string, cost: number) => {
+        builds++;
+        return db
+          .insertInto('rate_limit_counters')
+          .values({ bucket, window_start_ms: 0, used: cost })
+          .onConflict((oc) =>
+            oc
+              .columns(['bucket', 'window_start_ms'])
+              .doUpdateSet((eb) => ({ used: eb('rate_limit_counters.used', '+', cost) })),
+          )
+          .returning('used');
+      });
+      expect(await hit(db, 'a', 2)).toEqual([{ used: 2n }]);
+      expect(await hit(db, 'a', 3)).toEqual([{ used: 5n }]);
+      expect(await hit(db, 'b', 7)).toEqual([{ used: 7n }]);
+      expect(builds).toBe(1);
+    } finally {
+      await database.close();
+    }
+  });
+
+  test('negative: a value the builder does not turn into a parameter is refused, not silently fixed', async () => {
+    const database = await createDatabase('sqlite::memory:');
+    try {
+      await migrate(database);
+      const { db } = database;
+      const ignoresItsValue = compiledOnce((_bucket: string) =>
+        db.selectFrom('rate_limit_counters').select('used').where('bucket', '=', 'fixed'),
+      );
+      await expect(ignoresItsValue(db, 'a')).rejects.toThrow(/not compiled to a parameter/);
+    } finally {
+      await database.close();
+    }
   });
 });

@@ -11,12 +11,9 @@ import type { ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
 import type { OperationId } from '../../http/spec.ts';
 import { formatUsdFixed } from '../../money.ts';
-import { createEip3009Chain } from '../../providers/x402/evm-authorizations.ts';
+import type { Eip3009Chain } from '../../providers/x402/evm-authorizations.ts';
 import type { Facilitator } from '../../providers/x402/facilitator.ts';
-import { createHttpFacilitator } from '../../providers/x402/http.ts';
-import { createInProcessFacilitator } from '../../providers/x402/in-process.ts';
-import { createSmartWalletVerifier } from '../../providers/x402/smart-wallet-verifier.ts';
-import { createSolanaChain } from '../../providers/x402/solana-status.ts';
+import type { SolanaChain } from '../../providers/x402/solana-status.ts';
 import type { AccountsRepository } from '../../storage/accounts.ts';
 import type { Database } from '../../storage/database.ts';
 import type { InsufficientBalanceError } from '../../storage/errors.ts';
@@ -27,8 +24,27 @@ import { createPendingSettlementStore, createX402Payments } from '../../storage/
 import type { DiscoveryOptions } from './discovery.ts';
 import { createWalletHandlers } from './handlers.ts';
 import { MINIMUM_BALANCE_NANO, walletPaymentRequired } from './payment-required.ts';
-import { createSiwxVerifier } from './siwx.ts';
 import { createTopUpService, type TopUpService } from './top-up.ts';
+
+/**
+ * A port whose every method is asynchronous, backed by a module loaded on its first call: the x402, viem and
+ * Solana stacks (about 80 MB of memory) load only once a wallet actually signs in or pays.
+ */
+function lazyPort<T extends object>(load: () => Promise<T>): T {
+  let loaded: Promise<T> | undefined;
+  return new Proxy({} as T, {
+    get: (_target, name) => {
+      if (name === 'then') return undefined; // not a thenable
+      return async (...args: unknown[]) => {
+        loaded ??= load();
+        const port = (await loaded) as Record<string | symbol, unknown>;
+        const method = port[name];
+        // An optional method the loaded port lacks answers undefined, as `port.method?.()` would.
+        return typeof method === 'function' ? method.apply(port, args) : undefined;
+      };
+    },
+  });
+}
 
 /** Paid requests one wallet may have in flight at once. */
 export const WALLET_MAX_IN_FLIGHT = 5;
@@ -55,7 +71,11 @@ export type WalletDomainDeps = {
  */
 function configuredFacilitator(config: Config, database: Database): Facilitator | undefined {
   const x = config.x402;
-  if (x.facilitatorUrl) return createHttpFacilitator({ url: x.facilitatorUrl });
+  const facilitatorUrl = x.facilitatorUrl;
+  if (facilitatorUrl)
+    return lazyPort(async () =>
+      (await import('../../providers/x402/http.ts')).createHttpFacilitator({ url: facilitatorUrl }),
+    );
   const evm =
     x.baseRpcUrl && x.facilitatorPrivateKey
       ? {
@@ -72,10 +92,12 @@ function configuredFacilitator(config: Config, database: Database): Facilitator 
   if (!evm && !solana) return undefined;
   let built: Promise<Facilitator> | undefined;
   const get = () => {
-    built ??= createInProcessFacilitator({
-      ...(evm ? { evm } : {}),
-      ...(solana ? { solana } : {}),
-    });
+    built ??= import('../../providers/x402/in-process.ts').then(({ createInProcessFacilitator }) =>
+      createInProcessFacilitator({
+        ...(evm ? { evm } : {}),
+        ...(solana ? { solana } : {}),
+      }),
+    );
     return built;
   };
   return {
@@ -95,6 +117,7 @@ export function createWalletDomain(deps: WalletDomainDeps) {
     solanaFeePayer: config.x402.solanaFeePayer,
   };
   const facilitator = deps.facilitator ?? configuredFacilitator(config, deps.database);
+  const { baseRpcUrl, solanaRpcUrl } = config.x402;
   const topUp: TopUpService | undefined =
     facilitator && (discovery.payToBase || discovery.payToSolana)
       ? createTopUpService({
@@ -104,22 +127,38 @@ export function createWalletDomain(deps: WalletDomainDeps) {
           accounts,
           discovery,
           logger: deps.logger,
-          chain: config.x402.baseRpcUrl ? createEip3009Chain(config.x402.baseRpcUrl) : undefined,
-          solana: config.x402.solanaRpcUrl ? createSolanaChain(config.x402.solanaRpcUrl) : undefined,
+          chain: baseRpcUrl
+            ? lazyPort<Eip3009Chain>(async () =>
+                (await import('../../providers/x402/evm-authorizations.ts')).createEip3009Chain(baseRpcUrl),
+              )
+            : undefined,
+          solana: solanaRpcUrl
+            ? lazyPort<SolanaChain>(async () =>
+                (await import('../../providers/x402/solana-status.ts')).createSolanaChain(solanaRpcUrl),
+              )
+            : undefined,
         })
       : undefined;
   const nonces = createSiwxNonces(deps.database);
   const slots = createWalletSlots(deps.database);
-  const verifier = createSiwxVerifier({
-    publicOrigin: config.publicOrigin,
-    consumeNonce: (input) => nonces.consume(input),
-    smartWalletVerifier: config.x402.baseRpcUrl
-      ? createSmartWalletVerifier({
-          rpcUrl: config.x402.baseRpcUrl,
-          allowedFactories: config.x402.eip6492Factories,
-        })
-      : undefined,
-    now: deps.now,
+  // Built on the first sign-in: it needs viem and the x402 extensions.
+  const verifier = lazyPort(async () => {
+    const [{ createSiwxVerifier }, smart] = await Promise.all([
+      import('./siwx.ts'),
+      baseRpcUrl ? import('../../providers/x402/smart-wallet-verifier.ts') : undefined,
+    ]);
+    return createSiwxVerifier({
+      publicOrigin: config.publicOrigin,
+      consumeNonce: (input) => nonces.consume(input),
+      smartWalletVerifier:
+        smart && baseRpcUrl
+          ? smart.createSmartWalletVerifier({
+              rpcUrl: baseRpcUrl,
+              allowedFactories: config.x402.eip6492Factories,
+            })
+          : undefined,
+      now: deps.now,
+    });
   });
 
   async function verifySignInWithX(header: string, _req?: Request): Promise<WalletPrincipal> {

@@ -21,7 +21,7 @@ import type {
   SettleResponse,
 } from '../../providers/x402/facilitator.ts';
 import { feePayerOf } from '../../providers/x402/facilitator.ts';
-import { type SolanaChain, transactionBlockhash } from '../../providers/x402/solana-status.ts';
+import type { SolanaChain } from '../../providers/x402/solana-status.ts';
 import type { AccountsRepository } from '../../storage/accounts.ts';
 import type { LedgerRepository } from '../../storage/ledger.ts';
 import type { X402PaymentsRepository } from '../../storage/x402-payments.ts';
@@ -436,7 +436,13 @@ export function createTopUpService(deps: TopUpDeps) {
       await payments.markFailed(row.paymentKey, 'transaction failed on chain');
       return 'failed';
     }
-    if (status === 'unknown' && !(await solana.blockhashValid(transactionBlockhash(transaction)))) {
+    if (
+      status === 'unknown' &&
+      !(await solana.blockhashValid(
+        // Loaded here only: it needs the Solana stack.
+        (await import('../../providers/x402/solana-status.ts')).transactionBlockhash(transaction),
+      ))
+    ) {
       await payments.markFailed(row.paymentKey, 'transaction expired unsent (blockhash no longer valid)');
       return 'failed';
     }

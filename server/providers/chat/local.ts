@@ -56,9 +56,21 @@ const EFFORT_WORDS: Record<string, number> = {
   max: 160,
 };
 
+const hashes = new Map<string, number>();
+
+/** The first 32 bits of the text's SHA-256; the words' hashes are remembered (a bounded memo: same values). */
 function hash32(text: string): number {
-  return createHash('sha256').update(text).digest().readUInt32BE(0);
+  const known = hashes.get(text);
+  if (known !== undefined) return known;
+  const value = createHash('sha256').update(text).digest().readUInt32BE(0);
+  if (text.length <= 64) {
+    if (hashes.size >= 4096) hashes.clear();
+    hashes.set(text, value);
+  }
+  return value;
 }
+
+const NO_ALTERNATIVES: { word: string; logprob: number }[] = [];
 
 type Draw = { word: string; logprob: number; alternatives: { word: string; logprob: number }[] };
 
@@ -74,18 +86,22 @@ function createSampler(
   random: () => number,
   promptWords: string[],
   lexicon: string[],
+  withAlternatives: boolean,
 ): Sampler {
   const s = request.sampling;
   const counts = new Map<string, number>();
   const pool = [...new Set([...lexicon, ...promptWords])];
+  const prompted = new Set(promptWords);
   return {
     next(previous) {
       const start = hash32(previous) % pool.length;
       const candidates: { word: string; logit: number }[] = [];
+      const taken = new Set<string>();
       for (let k = 0; k < 16; k++) {
         const word = pool[(start + k * 7) % pool.length] as string;
-        if (candidates.some((c) => c.word === word)) continue;
-        let logit = -0.35 * k + (promptWords.includes(word) ? 0.6 : 0);
+        if (taken.has(word)) continue;
+        taken.add(word);
+        let logit = -0.35 * k + (prompted.has(word) ? 0.6 : 0);
         const used = counts.get(word) ?? 0;
         logit -= (s.frequency_penalty ?? 0) * used + (s.presence_penalty ?? 0) * (used > 0 ? 1 : 0);
         if (used > 0 && s.repetition_penalty && s.repetition_penalty > 0)
@@ -102,7 +118,8 @@ function createSampler(
         temperature = lo + (hi - lo) * Math.max(0, Math.min(1, 1 - spread / 8));
       }
       const probs = softmax(candidates.map((c) => c.logit / Math.max(temperature, 1e-6)));
-      let allowed = candidates.map((c, i) => ({ ...c, p: probs[i] ?? 0 }));
+      // An object literal, not `{ ...c, p }`: the spread copy was the engine's single biggest cost.
+      let allowed = candidates.map((c, i) => ({ word: c.word, logit: c.logit, p: probs[i] ?? 0 }));
       if (s.top_k && s.top_k > 0) allowed = allowed.slice(0, s.top_k);
       const minP = s.min_p ?? 0;
       if (minP > 0) {
@@ -130,14 +147,20 @@ function createSampler(
         }
       }
       counts.set(chosen.word, (counts.get(chosen.word) ?? 0) + 1);
-      const logOf = (p: number) => Math.max(-100, Math.log(Math.max(p, 1e-44)));
       return {
         word: chosen.word,
         logprob: logOf(chosen.p),
-        alternatives: candidates.map((c, i) => ({ word: c.word, logprob: logOf(probs[i] ?? 0) })),
+        // Only kept when top log probabilities are asked for: 16 objects a word, held for a whole stream.
+        alternatives: withAlternatives
+          ? candidates.map((c, i) => ({ word: c.word, logprob: logOf(probs[i] ?? 0) }))
+          : NO_ALTERNATIVES,
       };
     },
   };
+}
+
+function logOf(p: number): number {
+  return Math.max(-100, Math.log(Math.max(p, 1e-44)));
 }
 
 function softmax(logits: number[]): number[] {
@@ -363,14 +386,14 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
         const random = mulberry32(baseSeed * 31 + index);
         // Length and sentence breaks follow the prompt, so a greedy draw gives one answer whatever the seed.
         const shape = mulberry32(hash32(`${lastUserText(request.messages)}\u0000${index}`));
-        const sampler = createSampler(request, random, promptWords, LEXICON);
+        const sampler = createSampler(request, random, promptWords, LEXICON, topN > 0);
         const budget = request.maxTokens;
         const plan: PlannedToken[] = [];
         const reasoning = request.reasoning;
         if (reasoning?.enabled) {
           const words = EFFORT_WORDS[reasoning.effort ?? 'medium'] ?? 40;
           const thought = sentences(
-            createSampler(request, random, promptWords, REASONING_LEXICON),
+            createSampler(request, random, promptWords, REASONING_LEXICON, topN > 0),
             shape,
             words,
           );

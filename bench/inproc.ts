@@ -1,0 +1,122 @@
+/**
+ * `npx tsx bench/inproc.ts [chat|rpc|models] [count]`: the server built in this process (production settings,
+ * a fresh SQLite file, limits out of the way), warmed up, then `count` requests one at a time over one
+ * keep-alive connection: the mean and p50/p99 in µs, and a CPU profile of the steady state only (no start-up
+ * in it) in bench/results/profile-inproc, for `node bench/profile-summary.mjs`. For finding where one
+ * request's time goes without a loaded machine's noise.
+ */
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { Agent, createServer, request } from 'node:http';
+import { Session } from 'node:inspector/promises';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pino } from 'pino';
+import { createApp } from '../server/app.ts';
+import { loadConfig } from '../server/config.ts';
+import { createServices } from '../server/services.ts';
+import { startAnvil } from '../test/support/anvil.ts';
+import { repoRoot } from '../test/support/contract.ts';
+import { catalogOverride, fundedKey } from './setup.ts';
+
+const target = (['models', 'rpc'] as const).find((t) => t === process.argv[2]) ?? 'chat';
+const count = Number(process.argv[3] ?? 2000);
+const scratch = mkdtempSync(join(tmpdir(), 'svc-inproc-'));
+const url = `sqlite:${join(scratch, 'db.sqlite')}`;
+const catalogPath = join(scratch, 'catalog.yaml');
+writeFileSync(catalogPath, catalogOverride('http://127.0.0.1:9'));
+const key = await fundedKey(url);
+const anvil = target === 'rpc' ? await startAnvil() : undefined;
+const config = loadConfig({
+  NODE_ENV: 'production',
+  LOG_LEVEL: 'warn',
+  DATABASE_URL: url,
+  SERVICE_CONFIG: catalogPath,
+  VIDEO_WORKER_ENABLED: 'false',
+  RPC_REQUESTS_PER_MINUTE: '1000000000',
+  RPC_CREDITS_PER_DAY: '1000000000000',
+  ...(anvil ? { RPC_UPSTREAM_BASE_MAINNET: anvil.url } : {}),
+});
+let recording: string[] | undefined;
+const services = await createServices(config, pino({ level: 'warn' }), {
+  database: { onQuery: (sql) => recording?.push(sql) },
+});
+const server = createServer(createApp(services.app));
+await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
+const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+const spec =
+  target === 'models'
+    ? { path: '/models', method: 'GET' as const, body: undefined }
+    : target === 'rpc'
+      ? {
+          path: '/crypto/rpc/base-mainnet',
+          method: 'POST' as const,
+          body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'eth_blockNumber', params: [] }),
+        }
+      : {
+          path: '/chat/completions',
+          method: 'POST' as const,
+          body: JSON.stringify({
+            model: 'llama-3.3-70b',
+            messages: [{ role: 'user', content: 'Say hello to the benchmark.' }],
+            max_tokens: 16,
+          }),
+        };
+function once(): Promise<number> {
+  const start = process.hrtime.bigint();
+  return new Promise((resolve, reject) => {
+    const req = request(
+      `${base}${spec.path}`,
+      {
+        method: spec.method,
+        agent,
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
+      },
+      (res) => {
+        res.resume();
+        res.on('error', reject);
+        res.on('end', () =>
+          res.statusCode === 200
+            ? resolve(Number(process.hrtime.bigint() - start) / 1000)
+            : reject(new Error(`status ${res.statusCode}`)),
+        );
+      },
+    );
+    req.on('error', reject);
+    req.end(spec.body);
+  });
+}
+try {
+  for (let i = 0; i < 300; i++) await once();
+  // The statements of one request (with what its fire-and-forget work sends within 50 ms).
+  recording = [];
+  await once();
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  console.log(`${recording.length} statements:\n${recording.map((s) => `  ${s.slice(0, 150)}`).join('\n')}`);
+  recording = undefined;
+  const session = new Session();
+  session.connect();
+  await session.post('Profiler.enable');
+  await session.post('Profiler.setSamplingInterval', { interval: 100 });
+  await session.post('Profiler.start');
+  const times: number[] = [];
+  for (let i = 0; i < count; i++) times.push(await once());
+  const { profile } = await session.post('Profiler.stop');
+  const outDir = join(repoRoot, 'bench', 'results', 'profile-inproc');
+  rmSync(outDir, { recursive: true, force: true });
+  mkdirSync(outDir, { recursive: true });
+  writeFileSync(join(outDir, `${target}.cpuprofile`), JSON.stringify(profile));
+  times.sort((a, b) => a - b);
+  const at = (q: number) => times[Math.min(times.length - 1, Math.floor(q * times.length))]?.toFixed(0);
+  const mean = times.reduce((a, b) => a + b, 0) / times.length;
+  console.log(
+    `${target}: ${count} requests, mean ${mean.toFixed(0)} µs, p50 ${at(0.5)} µs, p99 ${at(0.99)} µs`,
+  );
+} finally {
+  server.close();
+  agent.destroy();
+  await services.close();
+  await anvil?.stop();
+  rmSync(scratch, { recursive: true, force: true });
+}

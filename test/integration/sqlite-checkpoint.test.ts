@@ -1,0 +1,68 @@
+/**
+ * The SQLite checkpointer thread (server/storage/database.ts): commits only append to the WAL, and a worker
+ * thread copies the WAL back into the database file, so no request's commit pays for the checkpoint's fsyncs.
+ * Shown from the outside: a copy of the database file alone (without its `-wal`) holds rows written through
+ * the server's connection, which only a checkpoint can have put there, while the connection's own automatic
+ * checkpoint is far from due.
+ */
+import { copyFileSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import SqliteDatabase from 'better-sqlite3';
+import { sql } from 'kysely';
+import { afterAll, expect, test } from 'vitest';
+import { createDatabase } from '../../server/storage/database.ts';
+import { migrate } from '../../server/storage/migrations.ts';
+
+const scratch = mkdtempSync(join(tmpdir(), 'checkpoint-'));
+afterAll(() => rmSync(scratch, { recursive: true, force: true }));
+
+/** The rows of `rate_limit_counters` in a copy of the main database file, without its WAL. */
+function rowsInMainFile(file: string): number {
+  const copy = join(scratch, `copy-${Math.random().toString(36).slice(2)}.db`);
+  copyFileSync(file, copy);
+  const db = new SqliteDatabase(copy, { readonly: true });
+  try {
+    return Number((db.prepare('select count(*) as n from rate_limit_counters').get() as { n: number }).n);
+  } catch {
+    return 0; // the table itself is not checkpointed yet
+  } finally {
+    db.close();
+  }
+}
+
+test('a worker thread checkpoints the WAL into the database file; commits leave it to that thread', async () => {
+  const file = join(scratch, 'db.sqlite');
+  const database = await createDatabase(`sqlite:${file}`, { checkpointIntervalMs: 20 });
+  try {
+    await migrate(database);
+    const { rows } = await sql<{
+      wal_autocheckpoint: number;
+    }>`pragma wal_autocheckpoint`.execute(database.db);
+    // The commit's own checkpoint stays as a safety net only: far beyond what this test writes.
+    expect(Number(rows[0]?.wal_autocheckpoint)).toBeGreaterThanOrEqual(10_000);
+    for (let i = 0; i < 20; i++) {
+      await database.db
+        .insertInto('rate_limit_counters')
+        .values({ bucket: `b${i}`, window_start_ms: 0, used: 1 })
+        .execute();
+    }
+    let found = 0;
+    for (let attempt = 0; attempt < 500 && found < 20; attempt++) {
+      found = rowsInMainFile(file);
+      if (found < 20) await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    expect(found).toBe(20);
+  } finally {
+    await database.close();
+  }
+});
+
+test('close() stops the thread and is idempotent; an in-memory database has no WAL and no thread', async () => {
+  const database = await createDatabase(`sqlite:${join(scratch, 'closing.sqlite')}`);
+  await migrate(database);
+  await Promise.all([database.close(), database.close()]);
+  const memory = await createDatabase('sqlite::memory:');
+  await migrate(memory);
+  await memory.close();
+});
