@@ -10,13 +10,13 @@ import { type RunningMock, startMock } from '../../mocks/front.ts';
 import { contractValidation, validatingClient } from '../support/client-validation.ts';
 import {
   deref,
+  exampleJsonBody,
+  exampleParams,
   listOperations,
   loadBundle,
   mediaExamples,
   mediaOf,
   type Operation,
-  type Parameter,
-  parameterExample,
 } from '../support/contract.ts';
 
 const doc = loadBundle();
@@ -59,13 +59,7 @@ const cases: Case[] = listOperations(doc).flatMap((operation) =>
 );
 
 function request(operation: Operation): Record<string, unknown> {
-  const params: Record<string, Record<string, unknown>> = { path: {}, query: {}, header: {} };
-  for (const parameter of operation.parameters as Parameter[]) {
-    const value = parameterExample(doc, parameter);
-    if (value === undefined || !(parameter.in in params)) continue;
-    if (parameter.in !== 'path' && !parameter.required) continue;
-    (params[parameter.in] as Record<string, unknown>)[parameter.name] = value;
-  }
+  const params = exampleParams(doc, operation);
   const requestBody = operation.requestBody ? deref(doc, operation.requestBody) : undefined;
   if (mediaOf(requestBody, 'multipart/form-data')) {
     const form = new FormData();
@@ -73,7 +67,7 @@ function request(operation: Operation): Record<string, unknown> {
     form.append('file', new Blob(['RIFF'], { type: 'audio/wav' }), 'a.wav');
     return { params, body: form, bodySerializer: (b: unknown) => b };
   }
-  const body = mediaExamples(doc, mediaOf(requestBody, 'application/json'))[0]?.value;
+  const body = exampleJsonBody(doc, operation);
   return { params, ...(body === undefined ? {} : { body }) };
 }
 

@@ -22,16 +22,16 @@ import { stringify } from 'yaml';
 import { ContractViolationError, type ServiceClient } from '../../client/index.ts';
 import { bundledFfmpegPath } from '../../server/providers/video/local.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
-import { contractValidation, validatingClient } from '../support/client-validation.ts';
+import { contractValidation, sendOperation, validatingClient } from '../support/client-validation.ts';
 import {
+  exampleParams as contractExampleParams,
   deref,
+  exampleJsonBody,
   listOperations,
   loadBundle,
-  mediaExamples,
   mediaOf,
   type Operation,
   type Parameter,
-  parameterExample,
 } from '../support/contract.ts';
 import { type StartedServer, startServer, TEST_ADMIN_KEY } from '../support/server.ts';
 import { installTestUsdc, mintUsdc } from '../support/x402/contracts.ts';
@@ -128,11 +128,7 @@ type Sent = { status: number; data?: unknown; error?: unknown; response: Respons
 
 /** Calls an operation through the typed client's method for its HTTP verb (validation runs inside). */
 function send(client: ServiceClient, op: Operation, init: Init): Promise<Sent> {
-  const method = (client as unknown as Record<string, (path: string, init: Init) => Promise<Sent>>)[
-    op.method.toUpperCase()
-  ];
-  if (!method) throw new Error(`the client has no ${op.method} method`);
-  return method(op.path, init).then((sent) => ({ ...sent, status: sent.response.status }));
+  return sendOperation<Sent>(client, op, init).then((sent) => ({ ...sent, status: sent.response.status }));
 }
 
 function op(operationId: string): Operation {
@@ -141,27 +137,8 @@ function op(operationId: string): Operation {
   return found;
 }
 
-/** The documented example values of an operation's parameters, by location. */
-function exampleParams(operation: Operation): NonNullable<Init['params']> {
-  const params: Record<'path' | 'query' | 'header', Record<string, unknown>> = {
-    path: {},
-    query: {},
-    header: {},
-  };
-  for (const parameter of operation.parameters as Parameter[]) {
-    const value = parameterExample(doc, parameter);
-    if (value === undefined || !(parameter.in in params)) continue;
-    if (parameter.in !== 'path' && !parameter.required) continue;
-    params[parameter.in as 'path' | 'query' | 'header'][parameter.name] = value;
-  }
-  return params;
-}
-
-/** The first documented JSON request example of an operation. */
-function exampleBody(operation: Operation): unknown {
-  const body = operation.requestBody ? deref(doc, operation.requestBody) : undefined;
-  return mediaExamples(doc, mediaOf(body, 'application/json'))[0]?.value;
-}
+const exampleParams = (operation: Operation) => contractExampleParams(doc, operation);
+const exampleBody = (operation: Operation) => exampleJsonBody(doc, operation);
 
 /** Called below through the client's binary helpers or with a multipart body. */
 const HELPER_OPERATIONS = new Set(['createSpeech', 'retrieveVideo', 'createTranscription']);

@@ -14,16 +14,13 @@ import { parse, stringify } from 'yaml';
 import type { ServiceClient } from '../../client/index.ts';
 import { DEFAULT_CATALOG_PATH } from '../../server/catalog/load.ts';
 import { type StartedAnvil, startAnvil } from '../support/anvil.ts';
-import { contractValidation, validatingClient } from '../support/client-validation.ts';
+import { contractValidation, sendOperation, validatingClient } from '../support/client-validation.ts';
 import {
-  deref,
+  exampleJsonBody,
+  exampleParams,
   listOperations,
   loadBundle,
-  mediaExamples,
-  mediaOf,
   type Operation,
-  type Parameter,
-  parameterExample,
 } from '../support/contract.ts';
 import { type StartedServer, startServer } from '../support/server.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
@@ -73,23 +70,12 @@ afterAll(async () => {
 type Init = { params?: Record<string, Record<string, unknown>>; body?: unknown; parseAs?: 'blob' };
 
 function send(client: ServiceClient, op: Operation, init: Init): Promise<number> {
-  const method = (
-    client as unknown as Record<string, (p: string, i: Init) => Promise<{ response: Response }>>
-  )[op.method.toUpperCase()];
-  if (!method) throw new Error(`no ${op.method}`);
-  return method(op.path, init).then((sent) => sent.response.status);
+  return sendOperation(client, op, init).then((sent) => sent.response.status);
 }
 
 function exampleInit(op: Operation): Init {
-  const params: Record<string, Record<string, unknown>> = { path: {}, query: {}, header: {} };
-  for (const parameter of op.parameters as Parameter[]) {
-    const value = parameterExample(doc, parameter);
-    if (value === undefined || !(parameter.in in params)) continue;
-    if (parameter.in !== 'path' && !parameter.required) continue;
-    (params[parameter.in] as Record<string, unknown>)[parameter.name] = value;
-  }
-  const requestBody = op.requestBody ? deref(doc, op.requestBody) : undefined;
-  const body = mediaExamples(doc, mediaOf(requestBody, 'application/json'))[0]?.value;
+  const params = exampleParams(doc, op);
+  const body = exampleJsonBody(doc, op);
   return {
     params,
     ...(body === undefined ? {} : { body }),

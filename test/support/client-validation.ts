@@ -70,3 +70,16 @@ export function validatingClient(
 ): ServiceClient {
   return createServiceClient({ ...options, validation });
 }
+
+/** Calls an operation through the typed client's method for its HTTP verb (validation runs inside). */
+export function sendOperation<T extends { response: Response }>(
+  client: ServiceClient,
+  operation: Operation,
+  init: object,
+): Promise<T> {
+  const method = (client as unknown as Record<string, (path: string, init: object) => Promise<T>>)[
+    operation.method.toUpperCase()
+  ];
+  if (!method) throw new Error(`the client has no ${operation.method} method`);
+  return method(operation.path, init);
+}

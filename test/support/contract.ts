@@ -111,6 +111,31 @@ export function parameterExample(doc: OpenApiDoc, parameter: Parameter): unknown
   return first === undefined ? undefined : deref<{ value: unknown }>(doc, first).value;
 }
 
+/** The documented example values of an operation's path parameters and required query and header parameters. */
+export function exampleParams(
+  doc: OpenApiDoc,
+  operation: Operation,
+): Record<'path' | 'query' | 'header', Record<string, unknown>> {
+  const params: Record<'path' | 'query' | 'header', Record<string, unknown>> = {
+    path: {},
+    query: {},
+    header: {},
+  };
+  for (const parameter of operation.parameters as Parameter[]) {
+    const value = parameterExample(doc, parameter);
+    if (value === undefined || !(parameter.in in params)) continue;
+    if (parameter.in !== 'path' && !parameter.required) continue;
+    params[parameter.in as 'path' | 'query' | 'header'][parameter.name] = value;
+  }
+  return params;
+}
+
+/** The first documented JSON request example of an operation (undefined when it takes no JSON body). */
+export function exampleJsonBody(doc: OpenApiDoc, operation: Operation): unknown {
+  const body = operation.requestBody ? deref(doc, operation.requestBody) : undefined;
+  return mediaExamples(doc, mediaOf(body, 'application/json'))[0]?.value;
+}
+
 /** The id under which the whole document is registered as one schema resource. */
 const DOC_ID = 'https://contract.test/openapi.json';
 
