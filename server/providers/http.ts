@@ -75,3 +75,18 @@ export function upstreamError(text: string): { message?: string; code?: string }
   const trimmed = text.trim().slice(0, 300);
   return trimmed ? { message: trimmed } : {};
 }
+
+/** What every OpenAI-compatible upstream adapter (chat, embeddings, speech, transcription) is built from. */
+export type UpstreamAdapterOptions = {
+  name: string;
+  baseUrl: string;
+  apiKey?: string;
+  upstreamModel: string;
+  /** Longest wait for the answer to start, and for each next piece. */
+  timeoutMs: number;
+  /** Most bytes read from one answer. */
+  maxBytes?: number;
+  fetch?: typeof fetch;
+  /** Latency and outcome of each call (metrics). */
+  observe?(outcome: string, seconds: number): void;
+};

@@ -4,20 +4,13 @@
  * audio or octet-stream content type), within the size cap, and start like the asked format (RIFF/WAVE,
  * fLaC, OggS, an MP3 frame or ID3 tag), else the call failed.
  */
+
 import { ChatProviderError } from '../chat/types.ts';
+import type { UpstreamAdapterOptions } from '../http.ts';
 import type { SpeechFormat, SpeechProvider, SpeechProviderRequest } from './speech-types.ts';
 import { postUpstream } from './upstream-http.ts';
 
-export type OpenAiCompatibleSpeechOptions = {
-  name: string;
-  baseUrl: string;
-  apiKey?: string;
-  upstreamModel: string;
-  timeoutMs: number;
-  maxBytes?: number;
-  fetch?: typeof fetch;
-  observe?(outcome: string, seconds: number): void;
-};
+export type OpenAiCompatibleSpeechOptions = UpstreamAdapterOptions;
 
 /** Whether `bytes` begin as a file of `format` does (formats without a signature pass when not empty). */
 export function looksLike(format: SpeechFormat, bytes: Buffer): boolean {

@@ -4,7 +4,9 @@
  * `timestamp_granularities[]` the word and segment timings). The answer is distrusted: `text` must be a
  * string, `duration` a finite number when present, and only well-formed timings are kept.
  */
+
 import { ChatProviderError } from '../chat/types.ts';
+import type { UpstreamAdapterOptions } from '../http.ts';
 import type {
   TimedSegment,
   TimedWord,
@@ -14,16 +16,7 @@ import type {
 } from './transcription-types.ts';
 import { postUpstream } from './upstream-http.ts';
 
-export type OpenAiCompatibleTranscriptionOptions = {
-  name: string;
-  baseUrl: string;
-  apiKey?: string;
-  upstreamModel: string;
-  timeoutMs: number;
-  maxBytes?: number;
-  fetch?: typeof fetch;
-  observe?(outcome: string, seconds: number): void;
-};
+export type OpenAiCompatibleTranscriptionOptions = UpstreamAdapterOptions;
 
 const isTime = (x: unknown): x is number => typeof x === 'number' && Number.isFinite(x) && x >= 0;
 

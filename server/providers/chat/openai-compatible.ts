@@ -7,7 +7,13 @@
  * kinds (429/503 capacity, 408/504 timeout, 400/404/422 the upstream's refusal, the rest failed).
  */
 import { readSseEvents } from '../../../client/sse.ts';
-import { readBodyCapped, redactSecret, redactUrl, upstreamError } from '../http.ts';
+import {
+  readBodyCapped,
+  redactSecret,
+  redactUrl,
+  type UpstreamAdapterOptions,
+  upstreamError,
+} from '../http.ts';
 import { countPromptTokens, countTokens } from './tokenizer.ts';
 import {
   type ChatEvent,
@@ -19,19 +25,7 @@ import {
   type ToolCallDelta,
 } from './types.ts';
 
-export type OpenAiCompatibleOptions = {
-  name: string;
-  baseUrl: string;
-  apiKey?: string;
-  upstreamModel: string;
-  /** Longest wait for the answer to start, and for each next piece. */
-  timeoutMs: number;
-  /** Most bytes read from one answer. */
-  maxBytes?: number;
-  fetch?: typeof fetch;
-  /** Latency and outcome of each call (metrics). */
-  observe?(outcome: string, seconds: number): void;
-};
+export type OpenAiCompatibleOptions = UpstreamAdapterOptions;
 
 const FINISH = new Set(['stop', 'length', 'tool_calls', 'content_filter']);
 

@@ -6,18 +6,10 @@
 
 import { postUpstream } from '../audio/upstream-http.ts';
 import { ChatProviderError } from '../chat/types.ts';
+import type { UpstreamAdapterOptions } from '../http.ts';
 import type { EmbeddingProvider, EmbeddingProviderRequest, EmbeddingProviderResult } from './types.ts';
 
-export type OpenAiCompatibleEmbeddingsOptions = {
-  name: string;
-  baseUrl: string;
-  apiKey?: string;
-  upstreamModel: string;
-  timeoutMs: number;
-  maxBytes?: number;
-  fetch?: typeof fetch;
-  observe?(outcome: string, seconds: number): void;
-};
+export type OpenAiCompatibleEmbeddingsOptions = UpstreamAdapterOptions;
 
 type UpstreamEmbeddings = {
   data?: { index?: unknown; embedding?: unknown }[];
