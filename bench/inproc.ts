@@ -3,7 +3,9 @@
  * a fresh SQLite file, limits out of the way), warmed up, then `count` requests one at a time over one
  * keep-alive connection: the mean and p50/p99 in µs, and a CPU profile of the steady state only (no start-up
  * in it) in bench/results/profile-inproc, for `node bench/profile-summary.mjs`. For finding where one
- * request's time goes without a loaded machine's noise.
+ * request's time goes without a loaded machine's noise. It also prints the process's CPU time per request
+ * (steadier than wall time on a busy machine) and, with BENCH_SQL_TIMES=1, the mean time of each SQLite
+ * statement.
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { Agent, createServer, request } from 'node:http';
@@ -11,6 +13,7 @@ import { Session } from 'node:inspector/promises';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import Sqlite from 'better-sqlite3';
 import { pino } from 'pino';
 import { createApp } from '../server/app.ts';
 import { loadConfig } from '../server/config.ts';
@@ -42,6 +45,28 @@ const services = await createServices(config, pino({ level: 'warn' }), {
   database: { onQuery: (sql) => recording?.push(sql) },
 });
 const server = createServer(createApp(services.app));
+/** BENCH_SQL_TIMES=1: the time of every SQLite statement (better-sqlite3's run/all/get), by statement. */
+const sqlTimes = new Map<string, { us: number; n: number }>();
+if (process.env.BENCH_SQL_TIMES === '1') {
+  const probe = new Sqlite(':memory:');
+  const statement = Object.getPrototypeOf(probe.prepare('select 1')) as Record<string, unknown>;
+  probe.close();
+  for (const method of ['run', 'all', 'get']) {
+    const original = statement[method] as (...args: unknown[]) => unknown;
+    statement[method] = function (this: { source: string }, ...args: unknown[]) {
+      const start = process.hrtime.bigint();
+      try {
+        return original.apply(this, args);
+      } finally {
+        const key = `${method} ${this.source.slice(0, 110)}`;
+        const entry = sqlTimes.get(key) ?? { us: 0, n: 0 };
+        entry.us += Number(process.hrtime.bigint() - start) / 1000;
+        entry.n += 1;
+        sqlTimes.set(key, entry);
+      }
+    };
+  }
+}
 await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
 const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
 const agent = new Agent({ keepAlive: true, maxSockets: 1 });
@@ -106,17 +131,23 @@ try {
   await session.post('Profiler.setSamplingInterval', { interval: 100 });
   await session.post('Profiler.start');
   const times: number[] = [];
+  const cpuBefore = process.cpuUsage();
   for (let i = 0; i < count; i++) times.push(await once());
+  const cpu = process.cpuUsage(cpuBefore);
   const { profile } = await session.post('Profiler.stop');
   const outDir = join(repoRoot, 'bench', 'results', 'profile-inproc');
   rmSync(outDir, { recursive: true, force: true });
   mkdirSync(outDir, { recursive: true });
   writeFileSync(join(outDir, `${target}.cpuprofile`), JSON.stringify(profile));
+  for (const [key, { us, n }] of [...sqlTimes].sort((a, b) => b[1].us - a[1].us)) {
+    console.log(`${(us / n).toFixed(1).padStart(8)} µs x${n} ${key}`);
+  }
   times.sort((a, b) => a - b);
   const at = (q: number) => times[Math.min(times.length - 1, Math.floor(q * times.length))]?.toFixed(0);
   const mean = times.reduce((a, b) => a + b, 0) / times.length;
   console.log(
-    `${target}: ${count} requests, mean ${mean.toFixed(0)} µs, p50 ${at(0.5)} µs, p99 ${at(0.99)} µs`,
+    `${target}: ${count} requests, mean ${mean.toFixed(0)} µs, p50 ${at(0.5)} µs, p99 ${at(0.99)} µs; ` +
+      `CPU of this process (server and client, profiler on) ${((cpu.user + cpu.system) / count).toFixed(0)} µs per request`,
   );
 } finally {
   server.close();

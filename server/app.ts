@@ -170,13 +170,12 @@ export function createApp(deps: AppDeps): express.Express {
     next();
   });
 
-  // gzip or br for JSON and CSV only: never for event streams or binary media.
-  app.use(
-    compression({
-      filter: (_req, res) =>
-        /^(application\/json|text\/csv)/.test(String(res.getHeader('Content-Type') ?? '')),
-    }),
-  );
+  // gzip or br for JSON and CSV only: never for event streams or binary media. A client that accepts no
+  // encoding skips the middleware (it would wrap the response's write and end for nothing).
+  const compress = compression({
+    filter: (_req, res) => /^(application\/json|text\/csv)/.test(String(res.getHeader('Content-Type') ?? '')),
+  });
+  app.use((req, res, next) => (req.headers['accept-encoding'] ? compress(req, res, next) : next()));
 
   mountOperationsSurface(app, deps);
   deps.mountRoutes?.(app);
@@ -269,7 +268,7 @@ export function createApp(deps: AppDeps): express.Express {
       operationId,
       query: req.query,
       // The validator fills in schema defaults; handlers that must know what the client wrote look here.
-      sentQuery: new Set(new URL(req.originalUrl, 'http://local').searchParams.keys()),
+      sentQuery: sentQueryNames(req.originalUrl),
       path: openapi?.pathParams ?? {},
       body: req.body,
       sentBody: locals.sentBody,
@@ -303,7 +302,7 @@ export function createApp(deps: AppDeps): express.Express {
         return reply;
       })
       .then(
-        (reply) => writeReply(res, reply, aborter.signal).catch(next),
+        (reply) => writeReply(res, reply, aborter.signal, !config.validateResponses).catch(next),
         (error: unknown) => next(error),
       );
   });
@@ -332,7 +331,23 @@ export function createApp(deps: AppDeps): express.Express {
   return app;
 }
 
-async function writeReply(res: ServerResponse & Response, reply: Reply<OperationId>, signal: AbortSignal) {
+/** The names of the query parameters the client sent (none without a `?`: no URL to parse). */
+function sentQueryNames(url: string): Set<string> {
+  const at = url.indexOf('?');
+  if (at < 0) return new Set();
+  const hash = url.indexOf('#', at);
+  return new Set(new URLSearchParams(url.slice(at + 1, hash < 0 ? undefined : hash)).keys());
+}
+
+/** JSON of the bodies that are shared and frozen (the model lists): serialised once, not per request. */
+const serializedBodies = new WeakMap<object, string>();
+
+async function writeReply(
+  res: ServerResponse & Response,
+  reply: Reply<OperationId>,
+  signal: AbortSignal,
+  reuseSerialized: boolean,
+) {
   for (const [name, value] of Object.entries(reply.headers ?? {})) res.setHeader(name, value);
   if ('stream' in reply) {
     await reply.stream(res, signal);
@@ -343,6 +358,16 @@ async function writeReply(res: ServerResponse & Response, reply: Reply<Operation
     return;
   }
   const json = reply as { status: number; body: unknown };
+  // Response validation hooks res.json: a validating server always goes through it.
+  if (reuseSerialized && json.body && typeof json.body === 'object' && Object.isFrozen(json.body)) {
+    let text = serializedBodies.get(json.body);
+    if (text === undefined) {
+      text = JSON.stringify(json.body);
+      serializedBodies.set(json.body, text);
+    }
+    res.status(json.status).type('application/json').send(text);
+    return;
+  }
   res.status(json.status).json(json.body);
 }
 

@@ -93,6 +93,15 @@ export function createCatalogService(catalog: Catalog, options: CatalogServiceOp
   const now = options.now ?? Date.now;
   const baseUrl = (options.publicBaseUrl ?? DEFAULT_PUBLIC_BASE_URL).replace(/\/+$/, '');
   const publicModels = new Map([...catalog.models.values()].map((m) => [m.id, toPublicModel(m, catalog)]));
+  const removals = [...catalog.models.values()]
+    .map((m) => (m.spec.deprecation?.removesAt ? Date.parse(m.spec.deprecation.removesAt) : Number.NaN))
+    .filter((t) => Number.isFinite(t))
+    .sort((a, b) => a - b);
+  /** The first removal after `at` (when the lists built at `at` go stale), or Infinity. */
+  const nextRemoval = (at: number) => removals.find((t) => t > at) ?? Number.POSITIVE_INFINITY;
+  const lists = new Map<string, Readonly<ModelList>>();
+  let listsBuiltAt = Number.NEGATIVE_INFINITY;
+  let listsValidUntil = Number.NEGATIVE_INFINITY;
   const charactersById = new Map([...catalog.characters.values()].map((c) => [c.id.toLowerCase(), c]));
   const ratingPrior = meanRating([...catalog.characters.values()]);
   const [firstModel] = catalog.models.values();
@@ -134,14 +143,27 @@ export function createCatalogService(catalog: Catalog, options: CatalogServiceOp
     listModels(
       type: ModelTypeFilter = 'text',
       { includeBeta = false }: { includeBeta?: boolean } = {},
-    ): ModelList {
-      const data: Model[] = [];
-      for (const model of catalog.models.values()) {
-        if (isRemoved(model) || (model.beta && !includeBeta) || !matchesFilter(model, type)) continue;
-        // A copy per call: a caller (or a response serializer) may change what it is given.
-        data.push(structuredClone(publicModels.get(model.id) as Model));
+    ): Readonly<ModelList> {
+      const at = now();
+      // The catalogue is fixed after start: a list only changes when a model's `removesAt` passes.
+      if (at >= listsValidUntil || at < listsBuiltAt) {
+        lists.clear();
+        listsBuiltAt = at;
+        listsValidUntil = nextRemoval(at);
       }
-      return { object: 'list', type, data };
+      const key = `${type}|${includeBeta}`;
+      let list = lists.get(key);
+      if (!list) {
+        const data: Model[] = [];
+        for (const model of catalog.models.values()) {
+          if (isRemoved(model) || (model.beta && !includeBeta) || !matchesFilter(model, type)) continue;
+          data.push(publicModels.get(model.id) as Model);
+        }
+        // Shared by every request: frozen, so that no caller (or serializer) can change it for the next one.
+        list = deepFreeze({ object: 'list', type, data });
+        lists.set(key, list);
+      }
+      return list;
     },
 
     /** `GET /models/traits`: trait -> model id. `code` keeps the traits held by code models; `all` merges the
@@ -447,4 +469,13 @@ function sortKey(sortBy: CharacterSortBy, prior: number, nowMs: number): (c: Cat
     case 'ratingCount':
       return (c) => c.stats.ratingCount;
   }
+}
+
+/** Freezes an object graph of plain objects and arrays in place. */
+function deepFreeze<T>(value: T): T {
+  if (value && typeof value === 'object' && !Object.isFrozen(value)) {
+    Object.freeze(value);
+    for (const child of Object.values(value)) deepFreeze(child);
+  }
+  return value;
 }

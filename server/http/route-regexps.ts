@@ -25,7 +25,7 @@ export function memoizeRouteRegexps(): void {
   const memoized = Object.assign(
     (path: unknown, options: Record<string, unknown> = {}) => {
       if (typeof path !== 'string') return original(path, options);
-      const key = `${path}\u0000${JSON.stringify(options)}`;
+      const key = `${path}\u0000${optionsKey(options)}`;
       let result = cache.get(key);
       if (!result) {
         result = original(path, options);
@@ -38,4 +38,13 @@ export function memoizeRouteRegexps(): void {
     { [MEMOIZED]: true as const },
   );
   module.pathToRegexp = memoized;
+}
+
+/** The validator passes `{ sensitive, strict }` for every route of every request: keyed without JSON. */
+function optionsKey(options: Record<string, unknown>): string {
+  const keys = Object.keys(options);
+  if (keys.length === 2 && 'sensitive' in options && 'strict' in options) {
+    return `s${options.sensitive ? 1 : 0}t${options.strict ? 1 : 0}`;
+  }
+  return JSON.stringify(options);
 }

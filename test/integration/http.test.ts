@@ -297,6 +297,51 @@ describe('CORS and compression', () => {
     expect(JSON.parse(gunzipSync(raw).toString()).data).toHaveLength(400);
   });
 
+  test('behavior: without response validation a shared frozen body (the model list) is the same JSON bytes each time, compressed only when asked', async () => {
+    // Without response validation (production), a frozen body's JSON is reused across requests.
+    const data = Array.from({ length: 200 }, (_, i) => Object.freeze({ id: `model-${i}` }));
+    const list = Object.freeze({
+      object: 'list',
+      type: 'text',
+      data: Object.freeze(data),
+    }) as unknown as never;
+    let calls = 0;
+    const production = await startTestApp({
+      env: { VALIDATE_RESPONSES: 'false' },
+      handlers: {
+        listModels: async () => {
+          calls += 1;
+          return { status: 200, body: list };
+        },
+      },
+    });
+    try {
+      const { request } = await import('node:http');
+      const get = (headers: Record<string, string>) =>
+        new Promise<{ headers: Record<string, unknown>; body: Buffer }>((resolve, reject) => {
+          request(`${production.url}/models`, { headers }, (res) => {
+            const parts: Buffer[] = [];
+            res.on('data', (c: Buffer) => parts.push(c));
+            res.on('end', () => resolve({ headers: res.headers, body: Buffer.concat(parts) }));
+          })
+            .on('error', reject)
+            .end();
+        });
+      const plain = await get({});
+      const again = await get({});
+      expect(plain.headers['content-type']).toBe('application/json; charset=utf-8');
+      expect(plain.headers['content-encoding']).toBeUndefined();
+      expect(JSON.parse(plain.body.toString())).toEqual({ object: 'list', type: 'text', data });
+      expect(again.body.equals(plain.body)).toBe(true);
+      const zipped = await get({ 'accept-encoding': 'gzip' });
+      expect(zipped.headers['content-encoding']).toBe('gzip');
+      expect(gunzipSync(zipped.body).equals(plain.body)).toBe(true);
+      expect(calls).toBe(3);
+    } finally {
+      await production.close();
+    }
+  });
+
   test('behavior: an event stream is never compressed', async () => {
     const r = await fetch(`${app.url}/chat/completions`, {
       method: 'POST',

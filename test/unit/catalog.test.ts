@@ -313,11 +313,15 @@ describe('listModels', () => {
     }
   });
 
-  test('behavior: a caller changing a listed model does not change the catalogue', () => {
-    const [first] = service.listModels().data;
+  test('behavior: a caller cannot change a listed model (the list is shared and read-only)', () => {
+    const [first] = service.listModels().data as Model[];
     if (!first) throw new Error('no text model');
-    first.model_spec.name = 'changed';
-    first.model_spec.traits.push('changed');
+    expect(() => {
+      first.model_spec.name = 'changed';
+    }).toThrow(TypeError);
+    expect(() => first.model_spec.traits.push('changed')).toThrow(TypeError);
+    expect(service.listModels()).toBe(service.listModels());
+    expect(service.toPublicModel(service.getModel(first.id) as never)).not.toBe(first);
     const [again] = service.listModels().data;
     expect(again?.model_spec.name).toBe('Llama 3.3 70B');
     expect(again?.model_spec.traits).not.toContain('changed');
@@ -510,6 +514,18 @@ describe('resolveModel', () => {
     expect(removed.resolveModel('deepseek-r1-671b', 'text')).toBeUndefined();
     expect(removed.listModels('text').data.map((m) => m.id)).not.toContain('deepseek-r1-671b');
     expect(service.listModels('text').data.map((m) => m.id)).toContain('deepseek-r1-671b');
+  });
+
+  test('behavior: the listed models, built once, change when a removal date passes on a running clock', () => {
+    let clock = Date.parse('2027-05-31T23:59:59.999Z');
+    const running = createCatalogService(catalog, { now: () => clock });
+    const ids = () => running.listModels('text').data.map((m) => m.id);
+    expect(ids()).toContain('deepseek-r1-671b');
+    expect(running.listModels('text')).toBe(running.listModels('text'));
+    clock = Date.parse('2027-06-01T00:00:00.000Z');
+    expect(ids()).not.toContain('deepseek-r1-671b');
+    clock = Date.parse('2027-05-01T00:00:00.000Z');
+    expect(ids()).toContain('deepseek-r1-671b');
   });
 });
 
