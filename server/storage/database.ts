@@ -25,6 +25,7 @@ import {
 } from 'kysely';
 import pg from 'pg';
 import { StorageConfigError, StorageError } from './errors.ts';
+import { groupCommitting, type TransactionRunner } from './group-commit.ts';
 import type { Tables } from './schema.ts';
 
 export type Dialect = 'sqlite' | 'postgres';
@@ -37,6 +38,11 @@ export type Database = {
   close(): Promise<void>;
   /** Resolves when the database answers a trivial query (for `/readyz`). */
   ping(): Promise<void>;
+  /**
+   * Runs `fn` in a write transaction and settles once it is committed (or rolled back, with its error). On
+   * SQLite the transactions waiting at the same time are committed as one group (see group-commit.ts).
+   */
+  transaction: TransactionRunner<Tables>;
 };
 
 export type CreateDatabaseOptions = {
@@ -124,7 +130,18 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   if (checkpointer) sqlite.pragma(`wal_autocheckpoint = ${SAFETY_CHECKPOINT_PAGES}`);
   const dialect = new ImmediateSqliteDialect({ database: cachingStatements(sqlite) });
   const db = new Kysely<Tables>({ dialect: observed(dialect, options.onQuery) });
-  const database = wrap(db, 'sqlite');
+  // Savepoints of a commit group go straight to the connection the group's transaction holds.
+  const savepoints = new Map<string, SqliteDatabase.Statement>();
+  const raw = (text: string) => {
+    options.onQuery?.(text);
+    let statement = savepoints.get(text);
+    if (!statement) {
+      statement = sqlite.prepare(text);
+      savepoints.set(text, statement);
+    }
+    statement.run();
+  };
+  const database = wrap(db, 'sqlite', groupCommitting(db, raw));
   if (!checkpointer) return database;
   let closing: Promise<void> | undefined;
   return {
@@ -158,11 +175,16 @@ function openPostgres(connectionString: string, options: CreateDatabaseOptions):
   return wrap(db, 'postgres');
 }
 
-function wrap(db: Kysely<Tables>, dialect: Dialect): Database {
+function wrap(
+  db: Kysely<Tables>,
+  dialect: Dialect,
+  transaction: TransactionRunner<Tables> = (fn) => db.transaction().execute((trx) => fn(trx)),
+): Database {
   let closing: Promise<void> | undefined;
   return {
     db,
     dialect,
+    transaction,
     close() {
       closing ??= db.destroy();
       return closing;

@@ -587,7 +587,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
 
   async function refundOnce(input: RefundInput): Promise<RefundResult> {
     const at = now();
-    return db.transaction().execute(async (trx) => {
+    return database.transaction(async (trx) => {
       const account = await lockAccount(trx, input.accountId);
       const previous = await refundEntries(trx, input);
       if (previous.length > 0) return { entries: previous, refunded: false };
@@ -688,7 +688,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
               .executeTakeFirst();
       const at = now();
       try {
-        return await db.transaction().execute(async (trx) => {
+        return await database.transaction(async (trx) => {
           const account = await lockAccount(trx, input.accountId);
           const existing = await findPayment(trx);
           if (existing) {
@@ -750,7 +750,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       const at = now();
       const epochDay = epochDayOf(at);
       const apiKeyId = input.apiKeyId ?? null;
-      return db.transaction().execute(async (trx) => {
+      return database.transaction(async (trx) => {
         // One statement: the account row, locked, with the limits of the key (when one is charged).
         const { account, key } =
           apiKeyId === null
@@ -836,7 +836,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       });
       const requestedNano = items.reduce((sum, item) => sum + item.amountNano, 0n);
       const at = now();
-      return db.transaction().execute(async (trx) => {
+      return database.transaction(async (trx) => {
         // The reservation's account, locked first as every writer does, found in the same statement.
         const [account] = await selectReservationAccount(trx, reservationId);
         if (!account) throw new NotFoundError('reservation', reservationId);
@@ -927,7 +927,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
      */
     async release(reservationId: string): Promise<ReleaseResult> {
       const at = now();
-      return db.transaction().execute(async (trx) => {
+      return database.transaction(async (trx) => {
         const { changed, row } = await settleReservation(trx, reservationId, 'released', at);
         return { released: changed, reservation: toReservation(row) };
       });
@@ -951,9 +951,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
           .execute();
         if (due.length === 0) return count;
         for (const { id } of due) {
-          const { changed } = await db
-            .transaction()
-            .execute((trx) => settleReservation(trx, id, 'expired', at));
+          const { changed } = await database.transaction((trx) => settleReservation(trx, id, 'expired', at));
           if (changed) count++;
         }
       }

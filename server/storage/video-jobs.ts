@@ -97,7 +97,7 @@ export function createVideoJobs(database: Database, options: RepositoryOptions =
   }
 
   async function deleteFinished(id: string): Promise<boolean> {
-    return db.transaction().execute(async (trx) => {
+    return database.transaction(async (trx) => {
       const result = await trx
         .deleteFrom('video_jobs')
         .where('id', '=', id)
@@ -242,7 +242,7 @@ export function createVideoJobs(database: Database, options: RepositoryOptions =
 
     /** Stores the video and completes the job, atomically; false when this worker no longer holds it. */
     async complete(id: string, owner: string, media: VideoMedia): Promise<boolean> {
-      return db.transaction().execute(async (trx) => {
+      return database.transaction(async (trx) => {
         const result = await trx
           .updateTable('video_jobs')
           .set({ status: 'completed', finished_at_ms: now(), lease_until_ms: null })

@@ -17,7 +17,7 @@ export function createWalletSlots(database: Database, options: RepositoryOptions
     /** Takes a slot; returns its id, or `undefined` when `max` slots are already live. */
     async acquire(input: { accountId: string; max: number; leaseMs: number }): Promise<string | undefined> {
       const at = now();
-      return db.transaction().execute(async (trx) => {
+      return database.transaction(async (trx) => {
         let lock = trx.selectFrom('accounts').select('id').where('id', '=', input.accountId);
         if (dialect === 'postgres') lock = lock.forUpdate();
         if (!(await lock.executeTakeFirst())) throw new NotFoundError('account', input.accountId);

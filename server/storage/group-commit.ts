@@ -1,0 +1,118 @@
+/**
+ * Group commit for SQLite: the write transactions that are waiting while one runs are run after it inside the
+ * same database transaction, each in its own savepoint, and committed together. On this engine a commit is
+ * the dear part of a small write transaction (the WAL frames of every page it dirtied, written with one
+ * system call each); shared pages (the account row, the last leaf of each index) are written once per group
+ * instead of once per transaction.
+ *
+ * What each caller sees is unchanged: its function runs alone on the single connection, after the earlier
+ * ones and seeing their writes (the order of serial execution); its promise settles only once the group's
+ * COMMIT is done, with its own result or error; a function that throws leaves nothing behind (its savepoint
+ * is rolled back, or the whole transaction when it ran first). Should the COMMIT fail, or an error leave the
+ * transaction unusable, every caller of the group gets the error and nothing of the group is kept.
+ *
+ * With nothing waiting, a transaction is exactly BEGIN IMMEDIATE, its statements, COMMIT: no savepoint is
+ * opened for the first function of a group. PostgreSQL does not need this (a pool of connections commits in
+ * parallel) and does not use it.
+ */
+import type { Kysely, Transaction } from 'kysely';
+
+export type TransactionRunner<DB> = <T>(fn: (trx: Transaction<DB>) => Promise<T>) => Promise<T>;
+
+/**
+ * Runs a savepoint statement (`savepoint x`, `release savepoint x`, `rollback to savepoint x`) on the one
+ * connection, synchronously. Only called while the group's transaction holds that connection, between two
+ * statements of its own: nothing else can be running on it.
+ */
+export type RawStatement = (text: string) => void;
+
+type Waiting<DB> = {
+  fn: (trx: Transaction<DB>) => Promise<unknown>;
+  resolve(value: unknown): void;
+  reject(error: unknown): void;
+};
+
+type Done<DB> = Waiting<DB> & { result: unknown };
+
+/** How many transactions one group holds at most, so that a waiting plain statement is not held for long. */
+export const GROUP_COMMIT_MAX = 16;
+
+export function groupCommitting<DB>(
+  db: Kysely<DB>,
+  raw: RawStatement,
+  maxGroup = GROUP_COMMIT_MAX,
+): TransactionRunner<DB> {
+  const queue: Waiting<DB>[] = [];
+  let draining = false;
+
+  /** Runs `next` in a savepoint of the open transaction; its result, or undefined when it failed (undone). */
+  async function inSavepoint(trx: Transaction<DB>, next: Waiting<DB>, name: string) {
+    try {
+      raw(`savepoint ${name}`);
+    } catch (error) {
+      next.reject(error);
+      throw error;
+    }
+    let result: unknown;
+    try {
+      result = await next.fn(trx);
+    } catch (error) {
+      next.reject(error);
+      // Undo only this function's writes; should that be impossible the group cannot be trusted.
+      raw(`rollback to savepoint ${name}`);
+      raw(`release savepoint ${name}`);
+      return undefined;
+    }
+    try {
+      raw(`release savepoint ${name}`);
+    } catch (error) {
+      next.reject(error);
+      throw error;
+    }
+    return { ...next, result };
+  }
+
+  async function runGroup(): Promise<void> {
+    const first = queue.shift() as Waiting<DB>;
+    const done: Done<DB>[] = [];
+    let began = false;
+    try {
+      await db.transaction().execute(async (trx) => {
+        began = true;
+        try {
+          done.push({ ...first, result: await first.fn(trx) });
+        } catch (error) {
+          // The first function is alone in the transaction: undoing it is the plain rollback.
+          first.reject(error);
+          throw error;
+        }
+        while (queue.length > 0 && done.length < maxGroup) {
+          const item = await inSavepoint(trx, queue.shift() as Waiting<DB>, `group_${done.length}`);
+          if (item) done.push(item);
+        }
+      });
+    } catch (error) {
+      // BEGIN, a savepoint or the COMMIT failed (or the first function did, with `done` empty): nothing of
+      // the group is kept.
+      if (!began) first.reject(error);
+      for (const item of done) item.reject(error);
+      return;
+    }
+    for (const item of done) item.resolve(item.result);
+  }
+
+  async function drain(): Promise<void> {
+    draining = true;
+    try {
+      while (queue.length > 0) await runGroup();
+    } finally {
+      draining = false;
+    }
+  }
+
+  return <T>(fn: (trx: Transaction<DB>) => Promise<T>) =>
+    new Promise<T>((resolve, reject) => {
+      queue.push({ fn, resolve: resolve as (value: unknown) => void, reject });
+      if (!draining) void drain();
+    });
+}

@@ -1,0 +1,149 @@
+/**
+ * Group commit on SQLite (server/storage/group-commit.ts), on a real database file: transactions that wait
+ * while one runs are committed together, yet each caller sees serial execution, its own result or error, and
+ * a settled promise only once its writes are committed (checked from a second connection to the file).
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import Sqlite from 'better-sqlite3';
+import { sql } from 'kysely';
+import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
+import { createDatabase, type Database } from '../../server/storage/database.ts';
+
+const scratch = mkdtempSync(join(tmpdir(), 'svc-group-commit-'));
+const file = join(scratch, 'db.sqlite');
+let database: Database;
+const statements: string[] = [];
+/** A second connection to the same file: it sees only what is committed. */
+let reader: Sqlite.Database;
+
+beforeAll(async () => {
+  database = await createDatabase(`sqlite:${file}`, { onQuery: (text) => statements.push(text) });
+  await sql`create table items (n integer primary key, label text not null)`.execute(database.db);
+  reader = new Sqlite(file, { readonly: true });
+});
+
+afterAll(async () => {
+  reader?.close();
+  await database?.close();
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+beforeEach(async () => {
+  await sql`delete from items`.execute(database.db);
+  statements.length = 0;
+});
+
+const committedLabels = () =>
+  (reader.prepare('select label from items order by n').all() as { label: string }[]).map((r) => r.label);
+
+/** A transaction that reads the count and inserts the next number: serial execution numbers them 0..n-1. */
+const appendOne = (label: string) =>
+  database.transaction(async (trx) => {
+    const { rows } = await sql<{ count: bigint }>`select count(*) as count from items`.execute(trx);
+    const n = Number(rows[0]?.count ?? 0);
+    await sql`insert into items (n, label) values (${n}, ${label})`.execute(trx);
+    return n;
+  });
+
+describe('group commit (SQLite)', () => {
+  test('behavior: concurrent transactions run serially, commit in fewer groups, and settle once committed', async () => {
+    const seenAtSettle: string[][] = [];
+    const results = await Promise.all(
+      Array.from({ length: 24 }, (_, i) =>
+        appendOne(`t${i}`).then((n) => {
+          // When a caller hears back, its write is visible to another connection: it is committed.
+          seenAtSettle[i] = committedLabels();
+          return n;
+        }),
+      ),
+    );
+    expect([...results].sort((a, b) => a - b)).toEqual(Array.from({ length: 24 }, (_, i) => i));
+    expect(committedLabels()).toHaveLength(24);
+    results.forEach((_, i) => {
+      expect(seenAtSettle[i]).toContain(`t${i}`);
+    });
+    const commits = statements.filter((s) => s === 'commit').length;
+    const begins = statements.filter((s) => s === 'begin').length;
+    expect(begins).toBe(commits);
+    expect(commits).toBeGreaterThan(0);
+    expect(commits).toBeLessThan(24);
+  });
+
+  test('behavior: a lone transaction is just BEGIN IMMEDIATE, its statements, COMMIT (no savepoint)', async () => {
+    await appendOne('alone');
+    expect(statements).toEqual([
+      'begin',
+      'select count(*) as count from items',
+      'insert into items (n, label) values (?, ?)',
+      'commit',
+    ]);
+  });
+
+  test('behavior: a failing transaction inside a group leaves nothing and fails alone; the others commit', async () => {
+    const failing = () =>
+      database.transaction(async (trx) => {
+        await sql`insert into items (n, label) values (${1000}, ${'doomed'})`.execute(trx);
+        throw new Error('refused by the caller');
+      });
+    const outcomes = await Promise.allSettled([
+      appendOne('a'),
+      appendOne('b'),
+      failing(),
+      appendOne('c'),
+      appendOne('d'),
+    ]);
+    expect(outcomes.map((o) => o.status)).toEqual([
+      'fulfilled',
+      'fulfilled',
+      'rejected',
+      'fulfilled',
+      'fulfilled',
+    ]);
+    expect((outcomes[2] as PromiseRejectedResult).reason.message).toBe('refused by the caller');
+    expect(committedLabels()).toEqual(['a', 'b', 'c', 'd']);
+    expect(statements.some((s) => s.startsWith('rollback to savepoint'))).toBe(true);
+  });
+
+  test('behavior: a failing first transaction is rolled back alone; those waiting behind it commit', async () => {
+    let release: () => void = () => {};
+    const gate = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const first = database.transaction(async (trx) => {
+      await sql`insert into items (n, label) values (${1000}, ${'first'})`.execute(trx);
+      await gate;
+      throw new Error('first fails');
+    });
+    const behind = [appendOne('x'), appendOne('y')];
+    release();
+    await expect(first).rejects.toThrow('first fails');
+    await expect(Promise.all(behind)).resolves.toEqual([0, 1]);
+    expect(committedLabels()).toEqual(['x', 'y']);
+  });
+
+  test('behavior: when the group itself breaks, every caller in it gets the error and nothing of it is kept', async () => {
+    let release: () => void = () => {};
+    const gate = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const first = database.transaction(async (trx) => {
+      await sql`insert into items (n, label) values (${1}, ${'kept-if-committed'})`.execute(trx);
+      await gate;
+      return 'first';
+    });
+    // Ends the transaction under the group's feet: its savepoint cannot be released, nor the group committed.
+    const breaker = database.transaction(async (trx) => {
+      await sql.raw('rollback').execute(trx);
+      return 'breaker';
+    });
+    release();
+    const outcomes = await Promise.allSettled([first, breaker]);
+    expect(outcomes.map((o) => o.status)).toEqual(['rejected', 'rejected']);
+    expect(committedLabels()).toEqual([]);
+    // The connection is usable afterwards.
+    await expect(appendOne('after')).resolves.toBe(0);
+    expect(committedLabels()).toEqual(['after']);
+  });
+});
