@@ -1,5 +1,5 @@
 /**
- * `npx tsx bench/inproc.ts [chat|rpc|models] [count]`: the server built in this process (production settings,
+ * `npx tsx bench/inproc.ts [chat|rpc|models|upstream] [count]`: the server built in this process (production settings,
  * a fresh SQLite file, limits out of the way), warmed up, then `count` requests one at a time over one
  * keep-alive connection: the mean and p50/p99 in µs, and a CPU profile of the steady state only (no start-up
  * in it) in bench/results/profile-inproc, for `node bench/profile-summary.mjs`. For finding where one
@@ -20,14 +20,18 @@ import { loadConfig } from '../server/config.ts';
 import { createServices } from '../server/services.ts';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
+import { startNodeChild } from './processes.ts';
 import { catalogOverride, fundedKey } from './setup.ts';
 
-const target = (['models', 'rpc'] as const).find((t) => t === process.argv[2]) ?? 'chat';
+const target = (['models', 'rpc', 'upstream'] as const).find((t) => t === process.argv[2]) ?? 'chat';
 const count = Number(process.argv[3] ?? 2000);
 const scratch = mkdtempSync(join(tmpdir(), 'svc-inproc-'));
 const url = `sqlite:${join(scratch, 'db.sqlite')}`;
 const catalogPath = join(scratch, 'catalog.yaml');
-writeFileSync(catalogPath, catalogOverride('http://127.0.0.1:9'));
+// `upstream`: the chat upstream adapter against the harness's minimal OpenAI-compatible upstream (a child).
+const upstream =
+  target === 'upstream' ? await startNodeChild('upstream', 'bench/upstream.ts', {}, '/') : undefined;
+writeFileSync(catalogPath, catalogOverride(upstream?.origin ?? 'http://127.0.0.1:9'));
 const key = await fundedKey(url);
 const anvil = target === 'rpc' ? await startAnvil() : undefined;
 const config = loadConfig({
@@ -83,7 +87,9 @@ const spec =
           path: '/chat/completions',
           method: 'POST' as const,
           body: JSON.stringify({
-            model: 'llama-3.3-70b',
+            ...(target === 'upstream'
+              ? { model: 'bench-upstream', stream: true }
+              : { model: 'llama-3.3-70b' }),
             messages: [{ role: 'user', content: 'Say hello to the benchmark.' }],
             max_tokens: 16,
           }),
@@ -154,5 +160,6 @@ try {
   agent.destroy();
   await services.close();
   await anvil?.stop();
+  await upstream?.stop();
   rmSync(scratch, { recursive: true, force: true });
 }

@@ -9,41 +9,58 @@ export type SseEvent = { event: string; data: string; id?: string };
 
 /** Yields each event of an event stream as it completes; a final event without its blank line is dropped. */
 export async function* readSseEvents(stream: ReadableStream<Uint8Array>): AsyncGenerator<SseEvent> {
+  yield* readSseChunks(readerChunks(stream));
+}
+
+/** The chunks of a stream through its reader (browsers cannot iterate a ReadableStream directly). */
+async function* readerChunks(stream: ReadableStream<Uint8Array>): AsyncGenerator<Uint8Array> {
   const reader = stream.getReader();
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      yield value;
+    }
+  } finally {
+    reader.releaseLock();
+  }
+}
+
+/** readSseEvents over any source of byte chunks (a Node stream, an async generator). */
+export async function* readSseChunks(chunks: AsyncIterable<Uint8Array>): AsyncGenerator<SseEvent> {
   const decoder = new TextDecoder();
   let buffer = '';
   let data: string[] = [];
   let event = '';
   let id: string | undefined;
-  try {
-    for (;;) {
-      const { value, done } = await reader.read();
-      buffer += done ? decoder.decode() : decoder.decode(value, { stream: true });
-      // A line ends at CRLF, LF or CR; a CR at the very end may be the first half of a CRLF still in transit.
-      for (let end = lineEnd(buffer, done); end !== -1; end = lineEnd(buffer, done)) {
-        const line = buffer.slice(0, end);
-        buffer = buffer.slice(buffer.startsWith('\r\n', end) ? end + 2 : end + 1);
-        if (line === '') {
-          if (data.length > 0)
-            yield { event: event || 'message', data: data.join('\n'), ...(id ? { id } : {}) };
-          data = [];
-          event = '';
-          continue;
-        }
-        if (line.startsWith(':')) continue;
-        const colon = line.indexOf(':');
-        const field = colon === -1 ? line : line.slice(0, colon);
-        let value = colon === -1 ? '' : line.slice(colon + 1);
-        if (value.startsWith(' ')) value = value.slice(1);
-        if (field === 'data') data.push(value);
-        else if (field === 'event') event = value;
-        else if (field === 'id' && !value.includes('\0')) id = value;
+  function* dispatch(done: boolean): Generator<SseEvent> {
+    // A line ends at CRLF, LF or CR; a CR at the very end may be the first half of a CRLF still in transit.
+    for (let end = lineEnd(buffer, done); end !== -1; end = lineEnd(buffer, done)) {
+      const line = buffer.slice(0, end);
+      buffer = buffer.slice(buffer.startsWith('\r\n', end) ? end + 2 : end + 1);
+      if (line === '') {
+        if (data.length > 0)
+          yield { event: event || 'message', data: data.join('\n'), ...(id ? { id } : {}) };
+        data = [];
+        event = '';
+        continue;
       }
-      if (done) return;
+      if (line.startsWith(':')) continue;
+      const colon = line.indexOf(':');
+      const field = colon === -1 ? line : line.slice(0, colon);
+      let value = colon === -1 ? '' : line.slice(colon + 1);
+      if (value.startsWith(' ')) value = value.slice(1);
+      if (field === 'data') data.push(value);
+      else if (field === 'event') event = value;
+      else if (field === 'id' && !value.includes('\0')) id = value;
     }
-  } finally {
-    reader.releaseLock();
   }
+  for await (const value of chunks) {
+    buffer += decoder.decode(value, { stream: true });
+    yield* dispatch(false);
+  }
+  buffer += decoder.decode();
+  yield* dispatch(true);
 }
 
 function lineEnd(buffer: string, done: boolean): number {

@@ -6,14 +6,9 @@
  * stream that ends without `[DONE]` is a failure, never a clean end. HTTP failures map to the provider error
  * kinds (429/503 capacity, 408/504 timeout, 400/404/422 the upstream's refusal, the rest failed).
  */
-import { readSseEvents } from '../../../client/sse.ts';
-import {
-  readBodyCapped,
-  redactSecret,
-  redactUrl,
-  type UpstreamAdapterOptions,
-  upstreamError,
-} from '../http.ts';
+import { readSseChunks } from '../../../client/sse.ts';
+import { redactSecret, redactUrl, type UpstreamAdapterOptions, upstreamError } from '../http.ts';
+import { fetchPost, nodePost, readAnswerCapped, type UpstreamAnswer } from '../upstream-post.ts';
 import { countPromptTokens, countTokens } from './tokenizer.ts';
 import {
   type ChatEvent,
@@ -46,7 +41,7 @@ type UpstreamChunk = {
 };
 
 export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions): ChatProvider {
-  const doFetch = options.fetch ?? fetch;
+  const post = options.fetch ? fetchPost(options.fetch) : nodePost;
   const maxBytes = options.maxBytes ?? 16 * 1024 * 1024;
   const endpoint = `${options.baseUrl.replace(/\/+$/, '')}/chat/completions`;
 
@@ -112,12 +107,12 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
       let text = '';
       let usage: ChatEvent | undefined;
       const finished = new Set<number>();
+      let response: UpstreamAnswer | undefined;
+      let done = false;
       try {
         arm();
-        let response: Response;
         try {
-          response = await doFetch(endpoint, {
-            method: 'POST',
+          response = await post(endpoint, {
             headers: {
               'content-type': 'application/json',
               accept: 'text/event-stream',
@@ -130,14 +125,14 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
           throw translate(error);
         }
         if (response.status !== 200) {
-          const detail = await readBodyCapped(response, 64 * 1024, { truncate: true })
+          const detail = await readAnswerCapped(response, 64 * 1024, { truncate: true })
             .then((bytes) => bytes?.toString('utf8') ?? '')
             .catch(() => '');
           const message = redactSecret(
             upstreamError(detail).message ?? `status ${response.status}`,
             options.apiKey,
           );
-          const retry = Number(response.headers.get('retry-after'));
+          const retry = Number(response.header('retry-after'));
           const retryAfter = Number.isFinite(retry) && retry > 0 ? retry : undefined;
           if (response.status === 429 || response.status === 503 || response.status === 529)
             throw fail('capacity', `Upstream ${options.name} is at capacity: ${message}`, { retryAfter });
@@ -147,21 +142,19 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
             throw fail('bad_request', message);
           throw fail('failed', `Upstream ${options.name} answered ${response.status}: ${message}`);
         }
-        if (!(response.headers.get('content-type') ?? '').includes('text/event-stream') || !response.body)
+        if (!(response.header('content-type') ?? '').includes('text/event-stream'))
           throw fail('failed', `Upstream ${options.name} did not answer with an event stream`);
-        let bytes = 0;
-        const counted = response.body.pipeThrough(
-          new TransformStream<Uint8Array, Uint8Array>({
-            transform(chunk, controller) {
-              bytes += chunk.byteLength;
-              if (bytes > maxBytes)
-                controller.error(fail('failed', `Upstream ${options.name} answer exceeds ${maxBytes} bytes`));
-              else controller.enqueue(chunk);
-            },
-          }),
-        );
-        let done = false;
-        const events = readSseEvents(counted)[Symbol.asyncIterator]();
+        const chunks = response.body;
+        async function* counted() {
+          let bytes = 0;
+          for await (const chunk of chunks) {
+            bytes += chunk.byteLength;
+            if (bytes > maxBytes)
+              throw fail('failed', `Upstream ${options.name} answer exceeds ${maxBytes} bytes`);
+            yield chunk;
+          }
+        }
+        const events = readSseChunks(counted())[Symbol.asyncIterator]();
         for (;;) {
           arm();
           let next: IteratorResult<{ data: string }>;
@@ -257,6 +250,8 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
         if (outcome === 'ok') outcome = request.signal?.aborted ? 'client_abort' : 'failed';
         throw error;
       } finally {
+        // After `[DONE]` the rest is drained and the connection kept (still under the timer); otherwise dropped.
+        await response?.release(done);
         clearTimeout(timeout);
         options.observe?.(outcome, (performance.now() - started) / 1000);
       }

@@ -1,0 +1,85 @@
+/**
+ * The chat upstream adapter's transport (server/providers/upstream-post.ts) against a real local HTTP server:
+ * a finished stream hands its connection back for the next call (keep-alive), while an answer cut short by
+ * the adapter (over the byte cap) drops its connection rather than leaving half a body on it.
+ */
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterAll, beforeAll, expect, test } from 'vitest';
+import { createOpenAiCompatibleProvider } from '../../server/providers/chat/openai-compatible.ts';
+import type { ChatEvent, ChatProviderRequest } from '../../server/providers/chat/types.ts';
+
+let server: Server;
+let base = '';
+let connections = 0;
+/** Bytes of filler before `[DONE]` in the next answer. */
+let filler = 0;
+
+const chunk = (content: string) =>
+  `data: ${JSON.stringify({ choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`;
+
+beforeAll(async () => {
+  server = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(chunk('Hello'));
+      if (filler > 0) res.write(chunk('x'.repeat(filler)));
+      res.write(
+        `data: ${JSON.stringify({ choices: [{ index: 0, delta: {}, finish_reason: 'stop' }], usage: { prompt_tokens: 3, completion_tokens: 1 } })}\n\n`,
+      );
+      res.end('data: [DONE]\n\n');
+    });
+  });
+  server.on('connection', () => {
+    connections += 1;
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`;
+});
+
+afterAll(async () => {
+  server.closeAllConnections();
+  await new Promise((resolve) => server.close(resolve));
+});
+
+const request: ChatProviderRequest = {
+  model: 'm',
+  messages: [{ role: 'user', content: 'hi' }],
+  maxTokens: 8,
+  n: 1,
+  sampling: {},
+};
+
+async function collect(maxBytes?: number): Promise<ChatEvent[]> {
+  const provider = createOpenAiCompatibleProvider({
+    name: 'local',
+    baseUrl: base,
+    upstreamModel: 'm',
+    timeoutMs: 5000,
+    ...(maxBytes ? { maxBytes } : {}),
+  });
+  const events: ChatEvent[] = [];
+  for await (const event of provider.stream(request)) events.push(event);
+  return events;
+}
+
+test('behavior: finished streams reuse one kept-alive connection; a stream cut at the byte cap drops its own', async () => {
+  const before = connections;
+  for (let i = 0; i < 3; i++) {
+    const events = await collect();
+    expect(events.filter((e) => e.type === 'delta').map((e) => (e as { content?: string }).content)).toEqual([
+      'Hello',
+    ]);
+    expect(events.at(-1)).toMatchObject({ type: 'usage', usage: { promptTokens: 3, completionTokens: 1 } });
+  }
+  expect(connections - before).toBe(1);
+
+  filler = 64 * 1024;
+  await expect(collect(16 * 1024)).rejects.toMatchObject({ kind: 'failed' });
+  filler = 0;
+  // The cut connection is not reused: the next call opens a new one, and works.
+  const afterCut = connections;
+  await collect();
+  expect(connections - afterCut).toBe(1);
+});
