@@ -13,7 +13,7 @@ export async function* readSseEvents(stream: ReadableStream<Uint8Array>): AsyncG
 }
 
 /** The chunks of a stream through its reader (browsers cannot iterate a ReadableStream directly). */
-async function* readerChunks(stream: ReadableStream<Uint8Array>): AsyncGenerator<Uint8Array> {
+export async function* readerChunks(stream: ReadableStream<Uint8Array>): AsyncGenerator<Uint8Array> {
   const reader = stream.getReader();
   try {
     for (;;) {

@@ -5,6 +5,7 @@
  */
 import http from 'node:http';
 import https from 'node:https';
+import { readerChunks } from '../../client/sse.ts';
 
 export type UpstreamAnswer = {
   status: number;
@@ -84,25 +85,12 @@ export function fetchPost(doFetch: typeof fetch): UpstreamPost {
     return {
       status: response.status,
       header: (name) => response.headers.get(name) ?? undefined,
-      body: body ? chunksOf(body) : (async function* () {})(),
+      body: body ? readerChunks(body) : (async function* () {})(),
       async release() {
         if (body && !body.locked) await body.cancel().catch(() => {});
       },
     };
   };
-}
-
-async function* chunksOf(stream: ReadableStream<Uint8Array>): AsyncGenerator<Uint8Array> {
-  const reader = stream.getReader();
-  try {
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) return;
-      yield value;
-    }
-  } finally {
-    reader.releaseLock();
-  }
 }
 
 /**
