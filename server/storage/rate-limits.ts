@@ -7,6 +7,15 @@
  * the write on SQLite, so concurrent hits from any number of processes admit exactly `limit` units per window.
  * A refused hit is not counted: a client hammering a limit does not push its own reset further away, and a
  * large request (tokens) that does not fit leaves the room for smaller ones.
+ *
+ * `admit` does the same for all the windows of one request (e.g. tokens, requests per day and per minute of a
+ * key and model) in ONE statement, so an admitted request costs one round trip and one commit: a multi-row
+ * upsert whose update of each row is conditional on that row's own limit (`used + excluded.used <= CASE
+ * excluded.bucket WHEN … THEN limit … END`). Each row's condition is checked on the locked, latest row, so no
+ * window ever admits more than its limit, whatever the number of processes. When some window refuses, the
+ * windows that did count this request are uncounted (one conditional-free decrement each): nothing stays
+ * counted for a refused request. Until the decrement lands, a concurrent request of the same caller may see
+ * those windows one unit fuller than they will be: it can only be refused early, never admitted over a limit.
  */
 import type { Selectable } from 'kysely';
 import type { Database } from './database.ts';
@@ -32,6 +41,36 @@ export type HitResult = {
   limit: number;
   /** When the window ends and the count starts again (epoch ms). */
   resetAtMs: number;
+};
+
+/** One window of an admission. */
+export type AdmitWindow = {
+  bucket: string;
+  windowMs: number;
+  limit: number;
+  /** Units this request takes (default 1). Ignored with `peek`. */
+  cost?: number;
+  /**
+   * Counts nothing and only requires room for one more unit (`used < limit`): the tokens of a request that are
+   * counted once it has run, when they are known.
+   */
+  peek?: boolean;
+};
+
+export type AdmitInput = {
+  /** Distinct buckets; every one must admit the request, or none counts it. */
+  windows: AdmitWindow[];
+  now?: number;
+};
+
+export type AdmitResult = {
+  /** True when every window admitted the request (and all of them counted it). */
+  allowed: boolean;
+  /**
+   * Per window, in the input's order: `allowed` says whether that window had room; `used` is the count after
+   * this admission (when refused: without this request, in any window).
+   */
+  windows: HitResult[];
 };
 
 export type RateLimitType = RateLimitEventsTable['limit_type'];
@@ -114,6 +153,57 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
     return row ? toNumber(row.used) : 0;
   }
 
+  /**
+   * The admission statement for `count` windows (one compiled statement per count): the values are, per
+   * window, bucket, window start, cost and cap (the most `used` may reach with the cost counted).
+   */
+  const countAllOf = new Map<number, ReturnType<typeof buildCountAll>>();
+  function buildCountAll(count: number) {
+    return compiledOnce((...values: (string | number)[]) => {
+      const windows = Array.from({ length: count }, (_, i) => ({
+        bucket: values[4 * i] as string,
+        window_start_ms: values[4 * i + 1] as number,
+        used: values[4 * i + 2] as number,
+        cap: values[4 * i + 3] as number,
+      }));
+      return db
+        .insertInto('rate_limit_counters')
+        .values(windows.map(({ cap: _, ...row }) => row))
+        .onConflict((oc) =>
+          oc
+            .columns(['bucket', 'window_start_ms'])
+            .doUpdateSet((eb) => ({ used: eb('rate_limit_counters.used', '+', eb.ref('excluded.used')) }))
+            .where((eb) => {
+              // PostgreSQL types a CASE of parameters as text: the caps are cast to the column's type.
+              let cap = eb
+                .case('excluded.bucket')
+                .when(windows[0]?.bucket as string)
+                .then(eb.cast<number>(eb.val(windows[0]?.cap), 'bigint'));
+              for (const window of windows.slice(1))
+                cap = cap.when(window.bucket).then(eb.cast<number>(eb.val(window.cap), 'bigint'));
+              return eb(eb('rate_limit_counters.used', '+', eb.ref('excluded.used')), '<=', cap.end());
+            }),
+        )
+        .returning(['bucket', 'used']);
+    });
+  }
+  const countAll = (count: number) => {
+    let statement = countAllOf.get(count);
+    if (!statement) {
+      statement = buildCountAll(count);
+      countAllOf.set(count, statement);
+    }
+    return statement;
+  };
+  const uncount = compiledOnce((bucket: string, windowStart: number, cost: number) =>
+    db
+      .updateTable('rate_limit_counters')
+      .set((eb) => ({ used: eb('used', '-', cost) }))
+      .where('bucket', '=', bucket)
+      .where('window_start_ms', '=', windowStart)
+      .returning('used'),
+  );
+
   return {
     /** Counts `cost` units against the bucket's current window if they fit under `limit` (see the module comment). */
     async hit(input: HitInput): Promise<HitResult> {
@@ -133,6 +223,65 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       const [row] = await countHit(db, input.bucket, start, cost, limit);
       if (row) return result(toNumber(row.used), true);
       return result(await current(input.bucket, start), false);
+    },
+
+    /**
+     * Counts one request in all its windows at once, or in none (see the module comment): one statement
+     * when every window admits it.
+     */
+    async admit(input: AdmitInput): Promise<AdmitResult> {
+      const at = input.now ?? now();
+      const windows = input.windows.map((window) => {
+        const windowMs = positiveInteger('windowMs', window.windowMs);
+        const limit = positiveInteger('limit', window.limit, true);
+        const cost = window.peek ? 0 : positiveInteger('cost', window.cost ?? 1, true);
+        const { start, resetAtMs } = windowOf(windowMs, at);
+        // A peek needs room for one unit; a hit, room for its cost.
+        return { bucket: window.bucket, start, resetAtMs, limit, cost, cap: window.peek ? limit - 1 : limit };
+      });
+      if (new Set(windows.map((w) => w.bucket)).size !== windows.length)
+        throw new InvalidInputError('windows', 'windows must name distinct buckets');
+      const result = (window: (typeof windows)[number], used: number, allowed: boolean): HitResult => ({
+        allowed,
+        used,
+        remaining: Math.max(0, window.limit - used),
+        limit: window.limit,
+        resetAtMs: window.resetAtMs,
+      });
+      // Nothing can fit in some window: answer without writing (an insert would count unconditionally).
+      if (windows.some((w) => w.cost > w.cap)) {
+        const results = [];
+        for (const window of windows) {
+          const used = await current(window.bucket, window.start);
+          results.push(result(window, used, used + window.cost <= window.cap));
+        }
+        return { allowed: false, windows: results };
+      }
+      if (windows.length === 0) return { allowed: true, windows: [] };
+      // Rows in one order (by bucket) for every admission: concurrent statements lock them in the same order.
+      const ordered = [...windows].sort((a, b) => (a.bucket < b.bucket ? -1 : a.bucket > b.bucket ? 1 : 0));
+      const rows = await countAll(ordered.length)(
+        db,
+        ...ordered.flatMap((w) => [w.bucket, w.start, w.cost, w.cap]),
+      );
+      const counted = new Map(rows.map((row) => [row.bucket, toNumber(row.used)]));
+      if (counted.size === windows.length)
+        return { allowed: true, windows: windows.map((w) => result(w, counted.get(w.bucket) ?? 0, true)) };
+      // Refused: take the request out of the windows that counted it, one row at a time (no lock waits on
+      // a second row while one is held).
+      const results = [];
+      for (const window of windows) {
+        const used = counted.get(window.bucket);
+        if (used === undefined) {
+          results.push(result(window, await current(window.bucket, window.start), false));
+        } else if (window.cost === 0) {
+          results.push(result(window, used, true));
+        } else {
+          const [row] = await uncount(db, window.bucket, window.start, window.cost);
+          results.push(result(window, row ? toNumber(row.used) : used - window.cost, true));
+        }
+      }
+      return { allowed: false, windows: results };
     },
 
     /** The bucket's current window without counting anything (for `x-ratelimit-*` headers and status pages). */

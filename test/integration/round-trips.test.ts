@@ -108,8 +108,8 @@ const CAPTURE = 4;
 
 const engines = [
   // The RPC credit cap locks its subject row with a separate statement on PostgreSQL.
-  { name: 'SQLite', url: () => `sqlite:${join(scratch, 'db.sqlite')}`, chat: 16, rpc: 18 },
-  { name: 'PostgreSQL', url: () => postgres.createDatabase('round_trips'), chat: 16, rpc: 19 },
+  { name: 'SQLite', url: () => `sqlite:${join(scratch, 'db.sqlite')}`, chat: 14, rpc: 18 },
+  { name: 'PostgreSQL', url: () => postgres.createDatabase('round_trips'), chat: 14, rpc: 19 },
 ];
 
 describe.each(engines)('round trips on $name', ({ url, chat: chatStatements, rpc: rpcStatements }) => {
@@ -152,6 +152,9 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatStatements, rpc
     const txs = transactions(statements);
     expect(txs.filter(reservation).map((tx) => tx.length)).toEqual([RESERVE]);
     expect(txs.filter(capture).map((tx) => tx.length)).toEqual([CAPTURE]);
+    // The rate limits: one statement admits the request in all its windows, one counts its tokens after it.
+    const counters = statements.filter((s) => s.includes('"rate_limit_counters"'));
+    expect(counters.map((s) => s.split(' (')[0])).toEqual(Array(2).fill('insert into "rate_limit_counters"'));
     expect(statements.length, statements.join('\n')).toBe(chatStatements);
   });
 

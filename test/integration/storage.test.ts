@@ -990,6 +990,110 @@ describe.each(engines)('storage on %s', (engine, open) => {
       );
     });
 
+    describe('admit', () => {
+      const windowsOf = (name: string, perDay: number, perMinute: number, tokens = 1000) => [
+        { bucket: `${name}:TPM`, windowMs: 60_000, limit: tokens, peek: true },
+        { bucket: `${name}:RPD`, windowMs: DAY, limit: perDay },
+        { bucket: `${name}:RPM`, windowMs: 60_000, limit: perMinute },
+      ];
+      const used = async (bucket: string, windowMs: number) =>
+        (await limits.peek({ bucket, windowMs, limit: 1, now: T0 })).used;
+
+      test('behavior: counts the request in every window at once; the peeked window counts nothing', async () => {
+        const minuteStart = Math.floor(T0 / 60_000) * 60_000;
+        const first = await limits.admit({ windows: windowsOf('adm:a', 5, 2), now: T0 });
+        expect(first).toEqual({
+          allowed: true,
+          windows: [
+            { allowed: true, used: 0, remaining: 1000, limit: 1000, resetAtMs: minuteStart + 60_000 },
+            { allowed: true, used: 1, remaining: 4, limit: 5, resetAtMs: Math.floor(T0 / DAY) * DAY + DAY },
+            { allowed: true, used: 1, remaining: 1, limit: 2, resetAtMs: minuteStart + 60_000 },
+          ],
+        });
+        const second = await limits.admit({ windows: windowsOf('adm:a', 5, 2), now: T0 + 1 });
+        expect(second.windows.map((w) => w.used)).toEqual([0, 2, 2]);
+        expect(await used('adm:a:TPM', 60_000)).toBe(0);
+      });
+
+      test('behavior: when the minute refuses, the day does not count the request (nothing counted)', async () => {
+        for (let i = 0; i < 2; i++) await limits.admit({ windows: windowsOf('adm:b', 5, 2), now: T0 });
+        const refused = await limits.admit({ windows: windowsOf('adm:b', 5, 2), now: T0 });
+        expect(refused.allowed).toBe(false);
+        expect(refused.windows.map((w) => [w.allowed, w.used])).toEqual([
+          [true, 0],
+          [true, 2],
+          [false, 2],
+        ]);
+        expect(await used('adm:b:RPD', DAY)).toBe(2);
+        expect(await used('adm:b:RPM', 60_000)).toBe(2);
+        // The next minute admits again; the day counted only the admitted requests.
+        const next = await limits.admit({ windows: windowsOf('adm:b', 5, 2), now: T0 + 60_000 });
+        expect(next.windows.map((w) => [w.allowed, w.used])).toEqual([
+          [true, 0],
+          [true, 3],
+          [true, 1],
+        ]);
+      });
+
+      test('behavior: a full day refuses and the minute does not count; full tokens refuse and nothing counts', async () => {
+        await limits.admit({ windows: windowsOf('adm:c', 1, 10), now: T0 });
+        const day = await limits.admit({ windows: windowsOf('adm:c', 1, 10), now: T0 });
+        expect(day.windows.map((w) => w.allowed)).toEqual([true, false, true]);
+        expect(await used('adm:c:RPM', 60_000)).toBe(1);
+
+        await limits.hit({ bucket: 'adm:d:TPM', windowMs: 60_000, limit: 1_000_000, cost: 50, now: T0 });
+        const tokens = await limits.admit({ windows: windowsOf('adm:d', 5, 10, 50), now: T0 });
+        expect(tokens.allowed).toBe(false);
+        expect(tokens.windows.map((w) => [w.allowed, w.used])).toEqual([
+          [false, 50],
+          [true, 0],
+          [true, 0],
+        ]);
+        expect(await used('adm:d:RPD', DAY)).toBe(0);
+        expect(await used('adm:d:RPM', 60_000)).toBe(0);
+      });
+
+      test('behavior: a window that admits nothing refuses without writing; buckets must be distinct', async () => {
+        const none = await limits.admit({ windows: windowsOf('adm:e', 5, 0), now: T0 });
+        expect(none.allowed).toBe(false);
+        expect(none.windows.map((w) => [w.allowed, w.used])).toEqual([
+          [true, 0],
+          [true, 0],
+          [false, 0],
+        ]);
+        expect(await used('adm:e:RPD', DAY)).toBe(0);
+        const bucket = 'adm:f:RPM';
+        await expect(
+          limits.admit({
+            windows: [
+              { bucket, windowMs: 60_000, limit: 1 },
+              { bucket, windowMs: 60_000, limit: 2 },
+            ],
+          }),
+        ).rejects.toBeInstanceOf(InvalidInputError);
+        expect(await limits.admit({ windows: [], now: T0 })).toEqual({ allowed: true, windows: [] });
+      });
+
+      test.each([
+        { tighter: 'minute', perDay: 1000, perMinute: 25, admitted: 25 },
+        { tighter: 'day', perDay: 20, perMinute: 25, admitted: 20 },
+      ])(
+        'behavior: 60 concurrent admissions from two instances admit exactly the $tighter limit, and count only those',
+        async ({ tighter, perDay, perMinute, admitted }) => {
+          const otherLimits = other ? createRateLimits(other, clock) : limits;
+          const name = `adm:concurrent:${tighter}`;
+          const results = await Promise.all(
+            Array.from({ length: 60 }, (_, i) =>
+              (i % 2 ? otherLimits : limits).admit({ windows: windowsOf(name, perDay, perMinute), now: T0 }),
+            ),
+          );
+          expect(results.filter((r) => r.allowed)).toHaveLength(admitted);
+          expect(await used(`${name}:RPD`, DAY)).toBe(admitted);
+          expect(await used(`${name}:RPM`, 60_000)).toBe(admitted);
+        },
+      );
+    });
+
     test('behavior: refused requests are logged and listed newest first', async () => {
       const account = await accounts.createApiAccount();
       const { key } = await keys.create({ accountId: account.id, keyType: 'INFERENCE' });

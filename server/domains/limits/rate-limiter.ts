@@ -2,12 +2,19 @@
  * Rate limits per caller (API key, or wallet account) and model, from the catalogue's tier limits: requests
  * per minute and per day, and tokens per minute. Counters live in the shared database, so the limits hold in
  * total across server instances. Every refusal is a 429 `{error}` and an entry of the rate-limit log.
+ * Admitting a request is one database statement (`RateLimitsRepository.admit`); a refused request is counted
+ * in none of its windows.
  */
 import type { CatalogService } from '../../catalog/service.ts';
 import type { Principal } from '../../http/auth.ts';
 import type { ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
-import type { RateLimitsRepository, RateLimitType } from '../../storage/rate-limits.ts';
+import type {
+  AdmitWindow,
+  HitResult,
+  RateLimitsRepository,
+  RateLimitType,
+} from '../../storage/rate-limits.ts';
 
 const MINUTE = 60_000;
 const DAY = 86_400_000;
@@ -67,41 +74,45 @@ export function createRateLimiter(deps: RateLimiterDeps) {
       const limits = model?.rateLimits[tier];
       if (!model || !limits) {
         const limit = deps.managementRequestsPerMinute ?? 600;
-        const hit = await deps.rateLimits.hit({
-          bucket: `${subject}:manage:RPM`,
-          windowMs: MINUTE,
-          limit,
+        const admission = await deps.rateLimits.admit({
+          windows: [{ bucket: `${subject}:manage:RPM`, windowMs: MINUTE, limit }],
           now: at,
         });
-        if (!hit.allowed) throw await refuse(principal, null, tier, 'RPM', hit.resetAtMs);
+        const [minute] = admission.windows as [HitResult];
+        if (!admission.allowed) throw await refuse(principal, null, tier, 'RPM', minute.resetAtMs);
         return {
           headers: {
-            'x-ratelimit-limit-requests': hit.limit,
-            'x-ratelimit-remaining-requests': hit.remaining,
-            'x-ratelimit-reset-requests': Math.ceil(hit.resetAtMs / 1000),
+            'x-ratelimit-limit-requests': minute.limit,
+            'x-ratelimit-remaining-requests': minute.remaining,
+            'x-ratelimit-reset-requests': Math.ceil(minute.resetAtMs / 1000),
             'x-ratelimit-type': typeOf(principal),
           },
         };
       }
       const base = `${subject}:model:${model.id}`;
-      /** Counts one request in a window, or refuses (and logs) when the window is full. */
-      const take = async (type: 'RPM' | 'RPD', windowMs: number, limit: number) => {
-        const hit = await deps.rateLimits.hit({ bucket: `${base}:${type}`, windowMs, limit, now: at });
-        if (!hit.allowed) throw await refuse(principal, model.id, tier, type, hit.resetAtMs);
-        return hit;
-      };
-      const tokens = limits.tokensPerMinute
-        ? await deps.rateLimits.peek({
-            bucket: `${base}:TPM`,
-            windowMs: MINUTE,
-            limit: limits.tokensPerMinute,
-            now: at,
-          })
-        : undefined;
-      if (tokens && tokens.remaining <= 0)
-        throw await refuse(principal, model.id, tier, 'TPM', tokens.resetAtMs);
-      if (limits.requestsPerDay) await take('RPD', DAY, limits.requestsPerDay);
-      const minute = await take('RPM', MINUTE, limits.requestsPerMinute);
+      // Checked in this order, which is also the order of precedence when several refuse: the tokens (room
+      // left, counted after the request), the day's requests, the minute's requests. One statement counts
+      // the request in all of them, or in none when one refuses.
+      const windows: (AdmitWindow & { type: 'TPM' | 'RPD' | 'RPM' })[] = [];
+      if (limits.tokensPerMinute)
+        windows.push({
+          type: 'TPM',
+          bucket: `${base}:TPM`,
+          windowMs: MINUTE,
+          limit: limits.tokensPerMinute,
+          peek: true,
+        });
+      if (limits.requestsPerDay)
+        windows.push({ type: 'RPD', bucket: `${base}:RPD`, windowMs: DAY, limit: limits.requestsPerDay });
+      windows.push({ type: 'RPM', bucket: `${base}:RPM`, windowMs: MINUTE, limit: limits.requestsPerMinute });
+      const admission = await deps.rateLimits.admit({ windows, now: at });
+      if (!admission.allowed) {
+        const refused = admission.windows.findIndex((window) => !window.allowed);
+        const type = windows[refused]?.type ?? 'RPM';
+        throw await refuse(principal, model.id, tier, type, admission.windows[refused]?.resetAtMs ?? at);
+      }
+      const minute = admission.windows.at(-1) as HitResult;
+      const tokens = windows[0]?.type === 'TPM' ? admission.windows[0] : undefined;
       const headers: ReplyHeaders = {
         'x-ratelimit-limit-requests': minute.limit,
         'x-ratelimit-remaining-requests': minute.remaining,

@@ -1,0 +1,132 @@
+/**
+ * The rate limiter over a real SQLite file: a model's tokens per minute, requests per day and per minute are
+ * admitted together in one statement, a refusal is a 429 of the window that refused (in the order tokens,
+ * day, minute), is logged, and counts the request in none of the windows.
+ */
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { parse, stringify } from 'yaml';
+import { buildCatalog, DEFAULT_CATALOG_PATH } from '../../server/catalog/load.ts';
+import { createCatalogService } from '../../server/catalog/service.ts';
+import { createRateLimiter, type RateLimiter } from '../../server/domains/limits/rate-limiter.ts';
+import type { ApiKeyPrincipal } from '../../server/http/auth.ts';
+import { ApiError } from '../../server/http/errors.ts';
+import { createAccounts } from '../../server/storage/accounts.ts';
+import { createApiKeys } from '../../server/storage/api-keys.ts';
+import { createDatabase, type Database } from '../../server/storage/database.ts';
+import { migrate } from '../../server/storage/migrations.ts';
+import { createRateLimits, type RateLimitsRepository } from '../../server/storage/rate-limits.ts';
+
+const MODEL = 'llama-3.3-70b';
+const T0 = Date.UTC(2026, 0, 15, 12, 0, 0);
+const scratch = mkdtempSync(join(tmpdir(), 'rate-limiter-'));
+let database: Database;
+let rateLimits: RateLimitsRepository;
+let limiter: RateLimiter;
+let nowMs = T0;
+let principal: ApiKeyPrincipal;
+
+beforeAll(async () => {
+  database = await createDatabase(`sqlite:${join(scratch, 'db.sqlite')}`);
+  await migrate(database);
+  const shipped = readFileSync(DEFAULT_CATALOG_PATH, 'utf8');
+  const llama = (parse(shipped) as { models: Record<string, Record<string, unknown>> }).models[MODEL];
+  const limits = { requestsPerMinute: 2, requestsPerDay: 3, tokensPerMinute: 100 };
+  const override = stringify({
+    models: { [MODEL]: { ...llama, rateLimits: { paid: limits, partner: limits } } },
+  });
+  const catalog = createCatalogService(
+    buildCatalog([
+      { path: DEFAULT_CATALOG_PATH, text: shipped },
+      { path: 'override.yaml', text: override },
+    ]),
+  );
+  rateLimits = createRateLimits(database);
+  limiter = createRateLimiter({ rateLimits, catalog, now: () => nowMs });
+  const account = await createAccounts(database).createApiAccount();
+  const { key } = await createApiKeys(database).create({ accountId: account.id, keyType: 'INFERENCE' });
+  principal = { kind: 'apiKey', accountId: account.id, keyId: key.id, keyType: 'INFERENCE' };
+});
+
+afterAll(async () => {
+  await database?.close();
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+const used = async (type: 'TPM' | 'RPD' | 'RPM') =>
+  (
+    await rateLimits.peek({
+      bucket: `key:${principal.keyId}:model:${MODEL}:${type}`,
+      windowMs: type === 'RPD' ? 86_400_000 : 60_000,
+      limit: 1,
+      now: nowMs,
+    })
+  ).used;
+
+async function refusal(): Promise<ApiError> {
+  const error = await limiter.admit(principal, 'paid', MODEL).then(
+    () => undefined,
+    (e: unknown) => e,
+  );
+  expect(error).toBeInstanceOf(ApiError);
+  return error as ApiError;
+}
+
+describe('createRateLimiter().admit', () => {
+  test('behavior: an admitted request gets the request and token headers and is counted per day and minute', async () => {
+    const { headers } = await limiter.admit(principal, 'paid', MODEL);
+    expect(headers).toEqual({
+      'x-ratelimit-limit-requests': 2,
+      'x-ratelimit-remaining-requests': 1,
+      'x-ratelimit-reset-requests': Math.ceil((T0 + 60_000) / 1000),
+      'x-ratelimit-type': 'api_key',
+      'x-ratelimit-limit-tokens': 100,
+      'x-ratelimit-remaining-tokens': 100,
+      'x-ratelimit-reset-tokens': 60,
+    });
+    expect([await used('RPD'), await used('RPM')]).toEqual([1, 1]);
+  });
+
+  test('behavior: the minute refuses with 429 RPM, logged, and the day does not count the refused request', async () => {
+    await limiter.admit(principal, 'paid', MODEL);
+    const error = await refusal();
+    expect(error).toMatchObject({ status: 429, code: 'RATE_LIMIT_EXCEEDED' });
+    expect(error.message).toContain('RPM');
+    expect(error.headers).toMatchObject({ 'Retry-After': '60', 'x-ratelimit-type': 'api_key' });
+    expect([await used('RPD'), await used('RPM')]).toEqual([2, 2]);
+    expect((await rateLimits.listEvents(principal.accountId))[0]).toMatchObject({
+      limitType: 'RPM',
+      modelId: MODEL,
+      apiKeyId: principal.keyId,
+      tier: 'paid',
+    });
+  });
+
+  test('behavior: a full day refuses with 429 RPD and the minute does not count the refused request', async () => {
+    nowMs = T0 + 60_000;
+    await limiter.admit(principal, 'paid', MODEL);
+    expect(await used('RPD')).toBe(3);
+    nowMs = T0 + 120_000;
+    expect((await refusal()).message).toContain('RPD');
+    expect(await used('RPM')).toBe(0);
+    expect((await rateLimits.listEvents(principal.accountId))[0]?.limitType).toBe('RPD');
+  });
+
+  test('behavior: tokens used up refuse with 429 TPM before anything else, and nothing is counted', async () => {
+    nowMs = T0 + 180_000;
+    await limiter.consumeTokens(principal, 'paid', MODEL, 100);
+    expect((await refusal()).message).toContain('TPM');
+    expect([await used('RPD'), await used('RPM'), await used('TPM')]).toEqual([3, 0, 100]);
+    expect((await rateLimits.listEvents(principal.accountId))[0]?.limitType).toBe('TPM');
+  });
+
+  test('behavior: a request without a catalogue model is counted in the management window', async () => {
+    const { headers } = await limiter.admit(principal, 'paid', undefined);
+    expect(headers).toMatchObject({
+      'x-ratelimit-limit-requests': 600,
+      'x-ratelimit-remaining-requests': 599,
+    });
+  });
+});
