@@ -658,7 +658,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
 
   // The statements of reserveWith / captureWith (appended; see there).
   const settleAccountReturning = compiledOnce(
-    (chargedNano: bigint, releasedNano: bigint, accountId: string) =>
+    (chargedNano: bigint, releasedNano: bigint, accountId: string, reservationId: string) =>
       db
         .updateTable('accounts')
         .set((eb) => ({
@@ -666,6 +666,16 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
           usd_reserved_nano: eb('usd_reserved_nano', '-', releasedNano),
         }))
         .where('id', '=', accountId)
+        // Not for a reservation seen settled already (the claim after it is what proves it still held).
+        .where((eb) =>
+          eb.exists(
+            eb
+              .selectFrom('reservations')
+              .select('reservations.id')
+              .where('reservations.id', '=', reservationId)
+              .where('reservations.status', '=', 'held'),
+          ),
+        )
         .returning(['usd_balance_nano', 'diem_stake_nano']),
   );
 
@@ -1230,8 +1240,10 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
      * `capture` of a reservation as `reserve` returned it, with the caller's own statements (`within`, run
      * last) in the same transaction. Knowing the reservation's figures saves the statements that look them up:
      * the account row is locked by the update that settles it (its RETURNING gives the balance the entries
-     * record), then the conditional claim proves the reservation was still held with exactly those figures;
-     * otherwise it throws (ReservationStateError when it is not held) and the transaction undoes everything.
+     * record; it skips a reservation already seen settled), then the conditional claim proves the reservation
+     * was still held with exactly those figures; otherwise it throws (ReservationStateError when it is not
+     * held; on PostgreSQL a sweep settling it at that very moment may instead surface as the accounts CHECK
+     * refusing the update) and the transaction undoes everything.
      * Same split (DIEM first, then USD, item by item), entries and result as `capture`.
      */
     async captureWith<T>(
@@ -1269,11 +1281,16 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         // The account row first, as every writer locks it: here by the update that settles the USD figures.
         const [account] =
           usdCharged > 0n || reservation.usdNano > 0n
-            ? await settleAccountReturning(trx, usdCharged, reservation.usdNano, reservation.accountId)
+            ? await settleAccountReturning(
+                trx,
+                usdCharged,
+                reservation.usdNano,
+                reservation.accountId,
+                reservation.id,
+              )
             : [await lockAccount(trx, reservation.accountId)];
-        if (!account) throw new NotFoundError('account', reservation.accountId);
-        const [row] = await claimReservation(trx, at, reservation.id);
-        if (!row) {
+        const [row] = account ? await claimReservation(trx, at, reservation.id) : [];
+        if (!account || !row) {
           const current = await trx
             .selectFrom('reservations')
             .select('status')
