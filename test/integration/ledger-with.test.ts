@@ -178,6 +178,28 @@ describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
     });
   });
 
+  test('behavior: a reservation drawn on DIEM alone is captured under the account lock, the rest released', async () => {
+    const account = await fundedAccount(USD, USD);
+    const { reservation } = await ledger.reserveWith(
+      reserveInput(account.id, 600n, 'diem-only'),
+      async () => 0,
+    );
+    expect(reservation).toMatchObject({ diemNano: 600n, usdNano: 0n });
+    const captured = await ledger.captureWith(reservation, { items: [{ sku: 'x', amountNano: 250n }] });
+    expect(captured.entries.map((e) => [e.currency, e.amountNano, e.balanceAfterNano])).toEqual([
+      ['DIEM', -250n, USD - 250n],
+    ]);
+    expect(await ledger.getBalance(account.id)).toMatchObject({
+      usdNano: USD,
+      usdReservedNano: 0n,
+      diemUsedTodayNano: 250n,
+      diemReservedTodayNano: 0n,
+    });
+    await expect(
+      ledger.captureWith(reservation, { items: [{ sku: 'x', amountNano: 1n }] }),
+    ).rejects.toBeInstanceOf(ReservationStateError);
+  });
+
   test('behavior: what the caller statements throw refuses the reservation and undoes their writes', async () => {
     const account = await fundedAccount(USD);
     const before = await snapshot(account.id);
