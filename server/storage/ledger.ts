@@ -656,6 +656,29 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     });
   }
 
+  // The statements of reserveWith / captureWith (appended; see there).
+  const settleAccountReturning = compiledOnce(
+    (chargedNano: bigint, releasedNano: bigint, accountId: string, reservationId: string) =>
+      db
+        .updateTable('accounts')
+        .set((eb) => ({
+          usd_balance_nano: eb('usd_balance_nano', '-', chargedNano),
+          usd_reserved_nano: eb('usd_reserved_nano', '-', releasedNano),
+        }))
+        .where('id', '=', accountId)
+        // Not for a reservation seen settled already (the claim after it is what proves it still held).
+        .where((eb) =>
+          eb.exists(
+            eb
+              .selectFrom('reservations')
+              .select('reservations.id')
+              .where('reservations.id', '=', reservationId)
+              .where('reservations.status', '=', 'held'),
+          ),
+        )
+        .returning(['usd_balance_nano', 'diem_stake_nano']),
+  );
+
   return {
     /** The account's balances at `at` (today's DIEM figures are for the UTC day of `at`). */
     async getBalance(accountId: string, at: number = now()): Promise<Balance> {
@@ -1125,5 +1148,215 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
 
     /** Start of the key-limit period containing `at` (EPOCH: the UTC day, MONTH: the UTC month, LIFETIME: 0). */
     periodStart: periodStartMs,
+
+    /**
+     * `reserve` with the caller's own statements in the same transaction, so that what admits a request and
+     * its hold cost one round trip: `within` runs once the account row is locked (serialised with every other
+     * writer of the account, on any number of processes) and before the hold is decided; what it throws
+     * refuses the reservation and rolls back whatever it wrote. Same checks, errors and result as `reserve`.
+     */
+    async reserveWith<T>(
+      input: ReserveInput,
+      within: (trx: Transaction<Tables>) => Promise<T>,
+    ): Promise<ReserveResult & { within: T }> {
+      assertAmount('amountNano', input.amountNano);
+      if (!Number.isSafeInteger(input.ttlMs) || input.ttlMs <= 0) {
+        throw new InvalidInputError('ttlMs', 'ttlMs must be a positive integer');
+      }
+      if (!input.requestId) throw new InvalidInputError('requestId', 'requestId is required');
+      const at = now();
+      const epochDay = epochDayOf(at);
+      const apiKeyId = input.apiKeyId ?? null;
+      return database.transaction(async (trx) => {
+        const { account, key } =
+          apiKeyId === null
+            ? { account: await lockAccount(trx, input.accountId), key: undefined }
+            : await lockAccountWithKey(trx, input.accountId, apiKeyId);
+        const extra = await within(trx);
+        const usage =
+          account.diem_stake_nano > 0n
+            ? await diemUsage(trx, input.accountId, epochDay)
+            : { usedNano: 0n, reservedNano: 0n };
+        const balance = balanceOf(account, usage);
+        const diemPart = minBig(input.amountNano, balance.diemAvailableNano);
+        const usdPart = input.amountNano - diemPart;
+        if (usdPart > balance.usdAvailableNano) {
+          throw new InsufficientBalanceError({
+            requiredNano: input.amountNano,
+            usdAvailableNano: balance.usdAvailableNano,
+            diemAvailableNano: balance.diemAvailableNano,
+          });
+        }
+        if (apiKeyId !== null) {
+          if (!key) throw new NotFoundError('api key', apiKeyId);
+          if (key.limit_usd_nano !== null || key.limit_diem_nano !== null) {
+            const spent = await keySpendOn(trx, apiKeyId, periodStartMs(key.limit_period, at), true);
+            const checks = [
+              { currency: 'USD' as const, limit: key.limit_usd_nano, spent: spent.usdNano, part: usdPart },
+              {
+                currency: 'DIEM' as const,
+                limit: key.limit_diem_nano,
+                spent: spent.diemNano,
+                part: diemPart,
+              },
+            ];
+            for (const check of checks) {
+              if (check.limit !== null && check.part > 0n && check.spent + check.part > check.limit) {
+                throw new KeySpendLimitError({
+                  apiKeyId,
+                  currency: check.currency,
+                  period: key.limit_period,
+                  limitNano: check.limit,
+                  spentNano: check.spent,
+                  requestedNano: check.part,
+                });
+              }
+            }
+          }
+        }
+        const [row] = await insertReservation(
+          trx,
+          randomId(),
+          input.accountId,
+          apiKeyId,
+          input.requestId,
+          input.modelId ?? null,
+          usdPart,
+          diemPart,
+          epochDay,
+          at,
+          at + input.ttlMs,
+        );
+        if (!row) throw new StorageError('STORAGE_FAILURE', 'The reservation was not written');
+        if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
+        await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
+        return { reservation: toReservation(row), within: extra };
+      });
+    },
+
+    /**
+     * `capture` of a reservation as `reserve` returned it, with the caller's own statements (`within`, run
+     * last) in the same transaction. Knowing the reservation's figures saves the statements that look them up:
+     * the account row is locked by the update that settles it (its RETURNING gives the balance the entries
+     * record; it skips a reservation already seen settled), then the conditional claim proves the reservation
+     * was still held with exactly those figures; otherwise it throws (ReservationStateError when it is not
+     * held; on PostgreSQL a sweep settling it at that very moment may instead surface as the accounts CHECK
+     * refusing the update) and the transaction undoes everything.
+     * Same split (DIEM first, then USD, item by item), entries and result as `capture`.
+     */
+    async captureWith<T>(
+      reservation: Reservation,
+      input: CaptureInput,
+      within?: (trx: Transaction<Tables>) => Promise<T>,
+    ): Promise<CaptureResult> {
+      const items = input.items.map((item, index) => {
+        assertAmount(`items[${index}].amountNano`, item.amountNano);
+        return {
+          ...item,
+          units: decimalText(`items[${index}].units`, item.units),
+          unitPriceNano: decimalText(`items[${index}].unitPriceNano`, item.unitPriceNano),
+          details: item.details === undefined || item.details === null ? null : JSON.stringify(item.details),
+        };
+      });
+      const requestedNano = items.reduce((sum, item) => sum + item.amountNano, 0n);
+      const total = minBig(requestedNano, reservation.usdNano + reservation.diemNano);
+      // The split needs only the reservation's figures: computed before the transaction.
+      let budget = total;
+      let diemLeft = reservation.diemNano;
+      let usdCharged = 0n;
+      let diemCharged = 0n;
+      const parts = items.map((item) => {
+        const amount = minBig(item.amountNano, budget);
+        budget -= amount;
+        const diem = minBig(amount, diemLeft);
+        diemLeft -= diem;
+        diemCharged += diem;
+        usdCharged += amount - diem;
+        return { item, diem, usd: amount - diem };
+      });
+      const at = now();
+      return database.transaction(async (trx) => {
+        // The account row first, as every writer locks it: here by the update that settles the USD figures.
+        const [account] =
+          usdCharged > 0n || reservation.usdNano > 0n
+            ? await settleAccountReturning(
+                trx,
+                usdCharged,
+                reservation.usdNano,
+                reservation.accountId,
+                reservation.id,
+              )
+            : [await lockAccount(trx, reservation.accountId)];
+        const [row] = account ? await claimReservation(trx, at, reservation.id) : [];
+        if (!account || !row) {
+          const current = await trx
+            .selectFrom('reservations')
+            .select('status')
+            .where('id', '=', reservation.id)
+            .executeTakeFirst();
+          if (!current) throw new NotFoundError('reservation', reservation.id);
+          throw new ReservationStateError(reservation.id, current.status);
+        }
+        if (
+          row.account_id !== reservation.accountId ||
+          row.usd_nano !== reservation.usdNano ||
+          row.diem_nano !== reservation.diemNano ||
+          toNumber(row.epoch_day) !== reservation.epochDay
+        ) {
+          throw new StorageError('STORAGE_FAILURE', 'The reservation does not match its stored figures');
+        }
+        const usage =
+          reservation.diemNano > 0n
+            ? await diemUsage(trx, reservation.accountId, reservation.epochDay)
+            : { usedNano: 0n, reservedNano: 0n };
+        let diemUsed = usage.usedNano;
+        // The balance before this capture: the update above already took the USD charged off it.
+        let usdBalance = account.usd_balance_nano + usdCharged;
+        const values: Array<NewEntry> = [];
+        for (const { item, diem, usd } of parts) {
+          const common = {
+            account_id: reservation.accountId,
+            api_key_id: row.api_key_id,
+            reservation_id: row.id,
+            type: 'CHARGE' as const,
+            request_id: row.request_id,
+            model_id: item.modelId ?? row.model_id,
+            sku: item.sku,
+            units: item.units,
+            unit_price_nano: item.unitPriceNano,
+            details: item.details,
+          };
+          if (diem > 0n) {
+            diemUsed += diem;
+            const left = maxBig(0n, account.diem_stake_nano - diemUsed);
+            values.push(
+              entryValues({ ...common, currency: 'DIEM', amount_nano: -diem, balance_after_nano: left }, at),
+            );
+          }
+          if (usd > 0n) {
+            usdBalance -= usd;
+            values.push(
+              entryValues(
+                { ...common, currency: 'USD', amount_nano: -usd, balance_after_nano: usdBalance },
+                at,
+              ),
+            );
+          }
+        }
+        const entries = await insertEntries(trx, values);
+        await bumpDiem(trx, reservation.accountId, reservation.epochDay, {
+          usedNano: diemCharged,
+          reservedNano: -reservation.diemNano,
+        });
+        if (within) await within(trx);
+        return {
+          entries,
+          usdNano: usdCharged,
+          diemNano: diemCharged,
+          requestedNano,
+          clamped: requestedNano > total,
+        };
+      });
+    },
   };
 }

@@ -1,15 +1,26 @@
 /**
  * The rolling 24-hour credit count of JSON-RPC callers, shared by every server instance through the database.
  * Credits are counted in one-minute buckets; the window is the 1440 most recent buckets (the current one
- * included). A request takes its worst-case credits up front (`take`), inside one transaction that holds a
- * per-caller lock row (`SELECT … FOR UPDATE` on PostgreSQL, the database write lock on SQLite), so concurrent
- * requests on any number of instances never pass the cap together; once the real cost is known, `giveBack`
- * returns the difference to the bucket it was taken from.
+ * included). A request takes its worst-case credits up front (`takeIn`), and once the real cost is known,
+ * `giveBack` returns the difference to the bucket it was taken from.
+ *
+ * `takeIn` runs inside the caller's transaction and takes no lock of its own: the caller holds one that every
+ * take of the subject holds too. The proxy takes the credits inside the transaction of the request's ledger
+ * reservation, after the account row is locked (`SELECT … FOR UPDATE` on PostgreSQL, the database write lock
+ * on SQLite), the subject being that account, so concurrent requests on any number of instances never pass
+ * the cap together, and the count and the hold are written (or refused) in one round trip.
  */
 import { sql } from 'kysely';
 import type { Database } from './database.ts';
 import { InvalidInputError } from './errors.ts';
-import { compiledOnce, DAY_MS, type RepositoryOptions, resolveOptions, toNumber } from './internal.ts';
+import {
+  compiledOnce,
+  DAY_MS,
+  type RepositoryOptions,
+  resolveOptions,
+  type StatementRunner,
+  toNumber,
+} from './internal.ts';
 
 const MINUTE_MS = 60_000;
 
@@ -24,9 +35,9 @@ export type CreditTakeInput = {
 
 export type CreditTakeResult =
   | {
-      allowed: true /** The bucket the credits went to (pass to giveBack). */;
+      allowed: true;
+      /** The bucket the credits went to (pass to giveBack). */
       bucketMs: number;
-      used: number;
     }
   | {
       allowed: false;
@@ -34,6 +45,8 @@ export type CreditTakeResult =
       /** When the oldest counted bucket leaves the window (epoch ms); undefined when nothing is counted. */
       nextReleaseAtMs: number | undefined;
     };
+
+export type CreditGiveBackInput = { subject: string; bucketMs: number; credits: number };
 
 export type RpcCreditsRepository = ReturnType<typeof createRpcCredits>;
 
@@ -47,17 +60,7 @@ function credits(field: string, value: number): number {
 export function createRpcCredits(database: Database, options: RepositoryOptions = {}) {
   const { db } = database;
   const { now } = resolveOptions(options);
-  const postgres = database.dialect === 'postgres';
-  // The statements of every take, compiled once (see compiledOnce).
-  const ensureSubject = compiledOnce((subject: string) =>
-    db
-      .insertInto('rpc_credit_subjects')
-      .values({ subject })
-      .onConflict((oc) => oc.column('subject').doNothing()),
-  );
-  const lockSubject = compiledOnce((subject: string) =>
-    db.selectFrom('rpc_credit_subjects').select('subject').where('subject', '=', subject).forUpdate(),
-  );
+  // The statements of every take and give-back, compiled once (see compiledOnce).
   const selectUsage = compiledOnce((subject: string, oldest: number) =>
     db
       .selectFrom('rpc_credit_usage')
@@ -78,46 +81,93 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
           .doUpdateSet((eb) => ({ credits: eb('rpc_credit_usage.credits', '+', amount) })),
       ),
   );
+  // The common take in one statement: the bucket's upsert, guarded by the window's sum (refused: no row).
+  const addUsageIfRoom = compiledOnce(
+    (subject: string, bucketMs: number, amount: number, sameSubject: string, oldest: number, room: number) =>
+      db
+        .insertInto('rpc_credit_usage')
+        .columns(['subject', 'bucket_ms', 'credits'])
+        .expression(
+          db
+            .selectNoFrom((eb) => [
+              eb.cast<string>(eb.val(subject), 'text').as('subject'),
+              eb.cast<number>(eb.val(bucketMs), 'bigint').as('bucket_ms'),
+              eb.cast<number>(eb.val(amount), 'bigint').as('credits'),
+            ])
+            .where((eb) =>
+              eb(
+                eb
+                  .selectFrom('rpc_credit_usage')
+                  .select(sql<number>`coalesce(sum(credits), 0)`.as('used'))
+                  .where('subject', '=', sameSubject)
+                  .where('bucket_ms', '>=', oldest),
+                '<=',
+                room,
+              ),
+            ),
+        )
+        .onConflict((oc) =>
+          oc.columns(['subject', 'bucket_ms']).doUpdateSet((eb) => ({
+            credits: eb('rpc_credit_usage.credits', '+', eb.ref('excluded.credits')),
+          })),
+        )
+        .returning('credits'),
+  );
+  const subtractUsage = compiledOnce((amount: number, subject: string, bucketMs: number, atLeast: number) =>
+    db
+      .updateTable('rpc_credit_usage')
+      .set((eb) => ({ credits: eb('credits', '-', amount) }))
+      .where('subject', '=', subject)
+      .where('bucket_ms', '=', bucketMs)
+      .where('credits', '>=', atLeast),
+  );
 
   return {
-    /** Counts `credits` for the subject if the rolling 24-hour total stays within `limit`. */
-    async take(input: CreditTakeInput): Promise<CreditTakeResult> {
+    /**
+     * Counts `credits` for the subject if the rolling 24-hour total stays within `limit`, inside the caller's
+     * transaction `trx`, which must hold the lock that serialises the subject's takes (see the module comment).
+     */
+    async takeIn(trx: StatementRunner, input: CreditTakeInput): Promise<CreditTakeResult> {
       const amount = credits('credits', input.credits);
       const limit = credits('limit', input.limit);
       const at = input.now ?? now();
       const bucketMs = Math.floor(at / MINUTE_MS) * MINUTE_MS;
       const oldest = bucketMs - DAY_MS + MINUTE_MS;
-      return db.transaction().execute(async (trx) => {
-        await ensureSubject(trx, input.subject);
-        if (postgres) await lockSubject(trx, input.subject);
-        const [row] = await selectUsage(trx, input.subject, oldest);
-        const used = toNumber(row?.used ?? 0);
-        if (used + amount > limit) {
-          const first = row?.first;
-          return {
-            allowed: false as const,
-            used,
-            nextReleaseAtMs: first === null || first === undefined ? undefined : toNumber(first) + DAY_MS,
-          };
-        }
-        if (amount > 0) {
-          await addUsage(trx, input.subject, bucketMs, amount);
-        }
-        return { allowed: true as const, bucketMs, used: used + amount };
-      });
+      if (amount > 0 && amount <= limit) {
+        const added = await addUsageIfRoom(
+          trx,
+          input.subject,
+          bucketMs,
+          amount,
+          input.subject,
+          oldest,
+          limit - amount,
+        );
+        if (added.length > 0) return { allowed: true, bucketMs };
+      }
+      // Refused (or nothing to take): the figures of the answer.
+      const [row] = await selectUsage(trx, input.subject, oldest);
+      const used = toNumber(row?.used ?? 0);
+      if (used + amount > limit) {
+        const first = row?.first;
+        return {
+          allowed: false,
+          used,
+          nextReleaseAtMs: first === null || first === undefined ? undefined : toNumber(first) + DAY_MS,
+        };
+      }
+      if (amount > 0) await addUsage(trx, input.subject, bucketMs, amount);
+      return { allowed: true, bucketMs };
     },
 
-    /** Returns credits taken but not spent (the worst case was more than the real cost). */
-    async giveBack(input: { subject: string; bucketMs: number; credits: number }): Promise<void> {
+    /**
+     * Returns credits taken but not spent (the worst case was more than the real cost): one atomic update, on
+     * its own or in the caller's transaction `runner`.
+     */
+    async giveBack(input: CreditGiveBackInput, runner: StatementRunner = db): Promise<void> {
       const amount = credits('credits', input.credits);
       if (amount === 0) return;
-      await db
-        .updateTable('rpc_credit_usage')
-        .set((eb) => ({ credits: eb('credits', '-', amount) }))
-        .where('subject', '=', input.subject)
-        .where('bucket_ms', '=', input.bucketMs)
-        .where('credits', '>=', amount)
-        .execute();
+      await subtractUsage(runner, amount, input.subject, input.bucketMs, amount);
     },
 
     /** The subject's credits in the current rolling 24 hours. */

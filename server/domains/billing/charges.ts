@@ -2,10 +2,12 @@
  * How every paid operation spends money: reserve the worst case before any work, capture what was really
  * used, release the rest. Storage refusals become the interface's 402 bodies here, once, for every domain.
  */
+import type { Transaction } from 'kysely';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
 import { InsufficientBalanceError, KeySpendLimitError } from '../../storage/errors.ts';
 import type { CaptureItem, CaptureResult, LedgerRepository, Reservation } from '../../storage/ledger.ts';
+import type { Tables } from '../../storage/schema.ts';
 
 export type ChargesDeps = {
   ledger: LedgerRepository;
@@ -77,6 +79,49 @@ export function createCharges(deps: ChargesDeps) {
     /** Gives the whole reservation back (the work failed or was not done). */
     async release(reservation: Reservation): Promise<void> {
       await deps.ledger.release(reservation.id);
+    },
+
+    /**
+     * `reserve` with the caller's own statements in the same transaction (LedgerRepository.reserveWith): run
+     * under the account's lock before the hold is decided; what they throw is thrown as it is, with nothing
+     * written.
+     */
+    async reserveWith<T>(
+      principal: Principal,
+      input: { amountNano: bigint; requestId: string; modelId?: string | null },
+      within: (trx: Transaction<Tables>) => Promise<T>,
+    ): Promise<{ reservation: Reservation; within: T }> {
+      try {
+        return await deps.ledger.reserveWith(
+          {
+            accountId: principal.accountId,
+            apiKeyId: principal.kind === 'apiKey' ? principal.keyId : null,
+            amountNano: input.amountNano,
+            requestId: input.requestId,
+            modelId: input.modelId ?? null,
+            ttlMs: deps.reservationTtlMs,
+          },
+          within,
+        );
+      } catch (error) {
+        if (
+          principal.kind === 'wallet' &&
+          error instanceof InsufficientBalanceError &&
+          deps.walletPaymentRequired
+        ) {
+          throw deps.walletPaymentRequired(principal, input.amountNano, error);
+        }
+        throw paymentError(error) ?? error;
+      }
+    },
+
+    /** `capture` with the caller's own statements in the same transaction (LedgerRepository.captureWith). */
+    captureWith<T>(
+      reservation: Reservation,
+      items: CaptureItem[],
+      within?: (trx: Transaction<Tables>) => Promise<T>,
+    ): Promise<CaptureResult> {
+      return deps.ledger.captureWith(reservation, { items }, within);
     },
   };
 }

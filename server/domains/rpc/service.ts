@@ -11,11 +11,10 @@ import { ApiError } from '../../http/errors.ts';
 import { formatUsdFixed } from '../../money.ts';
 import { type RpcUpstream, UpstreamError } from '../../providers/rpc/port.ts';
 import { hashRequestBody, type IdempotencyScope, type IdempotencyStore } from '../../storage/idempotency.ts';
-import type { Reservation } from '../../storage/ledger.ts';
 import type { RateLimitsRepository } from '../../storage/rate-limits.ts';
 import type { RpcCreditsRepository } from '../../storage/rpc-credits.ts';
 import type { Charges } from '../billing/charges.ts';
-import { billAnswer, planRequest } from './billing.ts';
+import { billAnswer, planRequest, type RpcPlan } from './billing.ts';
 import type { RpcNetwork } from './networks.ts';
 
 const MINUTE_MS = 60_000;
@@ -147,29 +146,38 @@ export function createRpcService(deps: RpcServiceDeps) {
     }
   }
 
-  /** The work after admission: cap, reserve, forward, charge. Undoes its holds when it fails. */
+  /**
+   * The work after admission, in two database round trips around the upstream call: the credit cap and the
+   * reservation in one transaction (under the account's lock), the capture and the unspent credits' return in
+   * another. Undoes its holds when it fails.
+   */
   async function forward(
     principal: Principal,
     network: RpcNetwork,
     upstream: RpcUpstream,
     payload: Buffer,
-    plan: ReturnType<typeof planRequest>,
+    plan: RpcPlan,
     signal: AbortSignal | undefined,
   ): Promise<RpcCallResult> {
     const subject = principal.accountId;
-    const taken = await deps.credits.take({ subject, credits: plan.worstCase, limit: limits.creditsPerDay });
-    if (!taken.allowed) throw creditCapError(taken.nextReleaseAtMs);
     const requestId = randomBytes(16).toString('hex');
     const worstNano = BigInt(plan.worstCase) * price;
-    let reservation: Reservation | undefined;
-    try {
-      if (worstNano > 0n) {
-        reservation = await deps.charges.reserve(principal, {
-          amountNano: worstNano,
-          requestId,
-          modelId: network.slug,
+    // Also when the worst case is free (a zero price): the reservation's account lock serialises the count.
+    const { reservation, within: bucketMs } = await deps.charges.reserveWith(
+      principal,
+      { amountNano: worstNano, requestId, modelId: network.slug },
+      async (trx) => {
+        const taken = await deps.credits.takeIn(trx, {
+          subject,
+          credits: plan.worstCase,
+          limit: limits.creditsPerDay,
         });
-      }
+        if (!taken.allowed) throw creditCapError(taken.nextReleaseAtMs);
+        return taken.bucketMs;
+      },
+    );
+    let held = true;
+    try {
       const answer = await upstream
         .forward({ payload, signal, parse: (_status, body) => billAnswer(plan, body) })
         .catch((error: unknown) => {
@@ -177,9 +185,17 @@ export function createRpcService(deps: RpcServiceDeps) {
         });
       const credits = answer.parsed;
       const costNano = BigInt(credits) * price;
-      if (reservation) {
-        if (costNano > 0n) {
-          await deps.charges.capture(reservation, [
+      const unspent = plan.worstCase - credits;
+      const returned = { subject, bucketMs, credits: unspent };
+      const giveBack =
+        unspent > 0
+          ? (runner?: Parameters<RpcCreditsRepository['giveBack']>[1]) =>
+              deps.credits.giveBack(returned, runner)
+          : undefined;
+      if (costNano > 0n) {
+        await deps.charges.captureWith(
+          reservation,
+          [
             {
               sku: 'rpc_credit',
               amountNano: costNano,
@@ -187,14 +203,14 @@ export function createRpcService(deps: RpcServiceDeps) {
               unitPriceNano: price,
               modelId: network.slug,
             },
-          ]);
-        } else {
-          await deps.charges.release(reservation);
-        }
-        reservation = undefined;
-      }
-      if (credits < plan.worstCase) {
-        await deps.credits.giveBack({ subject, bucketMs: taken.bucketMs, credits: plan.worstCase - credits });
+          ],
+          giveBack,
+        );
+        held = false;
+      } else {
+        await deps.charges.release(reservation);
+        held = false;
+        await giveBack?.();
       }
       return {
         headers: {
@@ -205,10 +221,10 @@ export function createRpcService(deps: RpcServiceDeps) {
         body: answer.body,
       };
     } catch (error) {
-      if (reservation) await deps.charges.release(reservation).catch(() => undefined);
-      await deps.credits
-        .giveBack({ subject, bucketMs: taken.bucketMs, credits: plan.worstCase })
-        .catch(() => undefined);
+      if (held) {
+        await deps.charges.release(reservation).catch(() => undefined);
+        await deps.credits.giveBack({ subject, bucketMs, credits: plan.worstCase }).catch(() => undefined);
+      }
       throw error;
     }
   }

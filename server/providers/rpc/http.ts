@@ -1,7 +1,7 @@
 /**
  * The JSON-RPC upstream over HTTP(S): POSTs the request bytes to each configured node in order, with a
  * keep-alive agent per node, a per-attempt timeout and a response size cap. Everything per node (parsed URL,
- * agent, request options) is built once at start; a call allocates only the request itself.
+ * agent, request options, the header lines) is built once at start; a call allocates only the request itself.
  */
 import http from 'node:http';
 import https from 'node:https';
@@ -20,6 +20,8 @@ type Node = {
   timeoutMs: number;
   request: typeof http.request;
   options: http.RequestOptions;
+  /** Every request header but the length, as a flat name/value list (Host and credentials included). */
+  headers: readonly string[];
   agent: http.Agent;
 };
 
@@ -49,8 +51,18 @@ function toNode(endpoint: UpstreamEndpoint): Node {
       port: url.port || (secure ? 443 : 80),
       path: `${url.pathname}${url.search}`,
       agent,
-      ...(auth ? { auth } : {}),
     },
+    // A list is written as it is (no per-header checks), but then Node adds neither Host nor the URL's
+    // credentials: both are here, as Node would have written them (`url.host` omits a default port).
+    headers: [
+      'host',
+      url.host,
+      'content-type',
+      'application/json',
+      'accept',
+      'application/json',
+      ...(auth ? ['authorization', `Basic ${Buffer.from(auth).toString('base64')}`] : []),
+    ],
   };
 }
 
@@ -66,11 +78,7 @@ function attempt(node: Node, payload: Buffer, maxBytes: number, signal?: AbortSi
     };
     const req = node.request({
       ...node.options,
-      headers: {
-        'content-type': 'application/json',
-        accept: 'application/json',
-        'content-length': payload.length,
-      },
+      headers: [...node.headers, 'content-length', String(payload.length)],
     });
     const fail = (kind: 'timeout' | 'unreachable' | 'too_large' | 'aborted', cause?: unknown) => {
       finish({ ok: false, kind, cause });

@@ -1,0 +1,302 @@
+/**
+ * The ledger's one-transaction variants (`reserveWith`, `captureWith`) and the JSON-RPC credit count that runs
+ * inside them, on both engines: the same holds, splits and entries as `reserve` and `capture`; the caller's
+ * statements are written or undone together with the ledger's; a capture whose reservation is not held (or
+ * whose figures are not the stored ones) changes nothing; and on PostgreSQL, takes from two connection pools
+ * (two server processes) never pass the credit cap together.
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
+import { type AccountsRepository, createAccounts } from '../../server/storage/accounts.ts';
+import { createDatabase, type Database } from '../../server/storage/database.ts';
+import { ReservationStateError, StorageError } from '../../server/storage/errors.ts';
+import { createLedger, type LedgerRepository } from '../../server/storage/ledger.ts';
+import { migrate } from '../../server/storage/migrations.ts';
+import { createRpcCredits, type RpcCreditsRepository } from '../../server/storage/rpc-credits.ts';
+import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+
+const USD = 1_000_000_000n;
+const T0 = Date.UTC(2026, 0, 15, 12, 0, 30);
+
+let postgres: StartedPostgres | undefined;
+
+const engines: Array<[string, () => Promise<{ url: string; cleanup(): Promise<void> }>]> = [
+  [
+    'sqlite',
+    async () => {
+      const dir = await mkdtemp(join(tmpdir(), 'svc-ledger-with-'));
+      return {
+        url: `sqlite:${join(dir, 'db.sqlite')}`,
+        cleanup: () => rm(dir, { recursive: true, force: true }),
+      };
+    },
+  ],
+  [
+    'postgres',
+    async () => {
+      postgres ??= await startPostgres();
+      return { url: await postgres.createDatabase(`ledger_with_${process.pid}`), cleanup: async () => {} };
+    },
+  ],
+];
+
+afterAll(async () => {
+  await postgres?.stop();
+});
+
+describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
+  let cleanup: () => Promise<void>;
+  let database: Database;
+  /** A second pool on the same database: another server process (PostgreSQL only). */
+  let other: Database | undefined;
+  let nowMs = T0;
+  const clock = { now: () => nowMs };
+  let accounts: AccountsRepository;
+  let ledger: LedgerRepository;
+  let credits: RpcCreditsRepository;
+
+  beforeAll(async () => {
+    const opened = await open();
+    cleanup = opened.cleanup;
+    database = await createDatabase(opened.url, { poolMax: 12 });
+    await migrate(database);
+    if (engine === 'postgres') other = await createDatabase(opened.url, { poolMax: 10 });
+    accounts = createAccounts(database, clock);
+    ledger = createLedger(database, clock);
+    credits = createRpcCredits(database, clock);
+  });
+
+  afterAll(async () => {
+    await other?.close();
+    await database?.close();
+    await cleanup?.();
+  });
+
+  beforeEach(() => {
+    nowMs = T0;
+  });
+
+  async function fundedAccount(usd: bigint, diemStake = 0n) {
+    const account = await accounts.createApiAccount({ name: 'test' });
+    await ledger.topUp({ accountId: account.id, amountNano: usd });
+    if (diemStake > 0n) await accounts.setDiemStake(account.id, diemStake);
+    return account;
+  }
+
+  /** The account's figures and its rows, to compare before and after something that must change nothing. */
+  async function snapshot(accountId: string) {
+    const { db } = database;
+    return {
+      account: await db.selectFrom('accounts').selectAll().where('id', '=', accountId).executeTakeFirst(),
+      reservations: await db
+        .selectFrom('reservations')
+        .selectAll()
+        .where('account_id', '=', accountId)
+        .execute(),
+      entries: await db
+        .selectFrom('ledger_entries')
+        .selectAll()
+        .where('account_id', '=', accountId)
+        .execute(),
+      diem: await db.selectFrom('diem_usage').selectAll().where('account_id', '=', accountId).execute(),
+      credits: await credits.used(accountId, nowMs),
+    };
+  }
+
+  const reserveInput = (accountId: string, amountNano: bigint, requestId: string) => ({
+    accountId,
+    amountNano,
+    requestId,
+    modelId: 'base-mainnet',
+    ttlMs: 60_000,
+  });
+
+  test('behavior: the same DIEM-first split and entries as reserve + capture, with the caller statements in both', async () => {
+    const account = await fundedAccount(5n * USD, USD);
+    const { reservation, within } = await ledger.reserveWith(
+      reserveInput(account.id, 1_500_000_000n, 'with-1'),
+      (trx) => credits.takeIn(trx, { subject: account.id, credits: 40, limit: 100 }),
+    );
+    expect(within).toEqual({ allowed: true, bucketMs: Date.UTC(2026, 0, 15, 12, 0, 0) });
+    expect(reservation).toMatchObject({ diemNano: USD, usdNano: 500_000_000n, status: 'held' });
+    expect(await credits.used(account.id, nowMs)).toBe(40);
+
+    const captured = await ledger.captureWith(
+      reservation,
+      {
+        items: [
+          { sku: 'in', amountNano: 800_000_000n, units: 8, unitPriceNano: 100_000_000n },
+          { sku: 'out', amountNano: 400_000_000n },
+        ],
+      },
+      (trx) =>
+        credits.giveBack(
+          { subject: account.id, bucketMs: within.allowed ? within.bucketMs : 0, credits: 15 },
+          trx,
+        ),
+    );
+    expect(captured).toMatchObject({ diemNano: USD, usdNano: 200_000_000n, requestedNano: 1_200_000_000n });
+    expect(captured.clamped).toBe(false);
+    expect(
+      captured.entries.map((e) => [
+        e.sku,
+        e.currency,
+        e.amountNano,
+        e.balanceAfterNano,
+        e.units,
+        e.requestId,
+      ]),
+    ).toEqual([
+      ['in', 'DIEM', -800_000_000n, 200_000_000n, '8', 'with-1'],
+      ['out', 'DIEM', -200_000_000n, 0n, null, 'with-1'],
+      ['out', 'USD', -200_000_000n, 5n * USD - 200_000_000n, null, 'with-1'],
+    ]);
+    expect(await ledger.getBalance(account.id)).toMatchObject({
+      usdNano: 5n * USD - 200_000_000n,
+      usdReservedNano: 0n,
+      diemUsedTodayNano: USD,
+      diemReservedTodayNano: 0n,
+    });
+    expect((await ledger.getReservation(reservation.id)).status).toBe('captured');
+    expect(await credits.used(account.id, nowMs)).toBe(25);
+  });
+
+  test('behavior: a capture is capped at the reservation (USD only), the rest released', async () => {
+    const account = await fundedAccount(2n * USD);
+    const { reservation } = await ledger.reserveWith(reserveInput(account.id, 300n, 'clamp'), async () => 0);
+    expect(await ledger.getBalance(account.id)).toMatchObject({ usdReservedNano: 300n });
+    const captured = await ledger.captureWith(reservation, { items: [{ sku: 'x', amountNano: 1_000n }] });
+    expect(captured).toMatchObject({ usdNano: 300n, diemNano: 0n, requestedNano: 1_000n, clamped: true });
+    expect(captured.entries.map((e) => [e.amountNano, e.balanceAfterNano])).toEqual([
+      [-300n, 2n * USD - 300n],
+    ]);
+    expect(await ledger.getBalance(account.id)).toMatchObject({
+      usdNano: 2n * USD - 300n,
+      usdReservedNano: 0n,
+    });
+  });
+
+  test('behavior: a reservation drawn on DIEM alone is captured under the account lock, the rest released', async () => {
+    const account = await fundedAccount(USD, USD);
+    const { reservation } = await ledger.reserveWith(
+      reserveInput(account.id, 600n, 'diem-only'),
+      async () => 0,
+    );
+    expect(reservation).toMatchObject({ diemNano: 600n, usdNano: 0n });
+    const captured = await ledger.captureWith(reservation, { items: [{ sku: 'x', amountNano: 250n }] });
+    expect(captured.entries.map((e) => [e.currency, e.amountNano, e.balanceAfterNano])).toEqual([
+      ['DIEM', -250n, USD - 250n],
+    ]);
+    expect(await ledger.getBalance(account.id)).toMatchObject({
+      usdNano: USD,
+      usdReservedNano: 0n,
+      diemUsedTodayNano: 250n,
+      diemReservedTodayNano: 0n,
+    });
+    await expect(
+      ledger.captureWith(reservation, { items: [{ sku: 'x', amountNano: 1n }] }),
+    ).rejects.toBeInstanceOf(ReservationStateError);
+  });
+
+  test('behavior: what the caller statements throw refuses the reservation and undoes their writes', async () => {
+    const account = await fundedAccount(USD);
+    const before = await snapshot(account.id);
+    const refusal = new Error('over the cap');
+    await expect(
+      ledger.reserveWith(reserveInput(account.id, 100n, 'refused'), async (trx) => {
+        await credits.takeIn(trx, { subject: account.id, credits: 50, limit: 100 });
+        throw refusal;
+      }),
+    ).rejects.toBe(refusal);
+    expect(await snapshot(account.id)).toEqual(before);
+
+    // A balance refusal after the take undoes the take as well.
+    await expect(
+      ledger.reserveWith(reserveInput(account.id, 2n * USD, 'poor'), (trx) =>
+        credits.takeIn(trx, { subject: account.id, credits: 50, limit: 100 }),
+      ),
+    ).rejects.toMatchObject({ name: 'InsufficientBalanceError' });
+    expect(await snapshot(account.id)).toEqual(before);
+  });
+
+  test('behavior: the credit take refuses what would pass the rolling 24-hour cap, and says when credits free up', async () => {
+    const account = await fundedAccount(USD);
+    const first = await ledger.reserveWith(reserveInput(account.id, 1n, 'c1'), (trx) =>
+      credits.takeIn(trx, { subject: account.id, credits: 70, limit: 100 }),
+    );
+    expect(first.within.allowed).toBe(true);
+    nowMs += 60_000;
+    const second = await ledger.reserveWith(reserveInput(account.id, 1n, 'c2'), (trx) =>
+      credits.takeIn(trx, { subject: account.id, credits: 31, limit: 100 }),
+    );
+    expect(second.within).toEqual({
+      allowed: false,
+      used: 70,
+      nextReleaseAtMs: Date.UTC(2026, 0, 15, 12, 0, 0) + 86_400_000,
+    });
+    const third = await ledger.reserveWith(reserveInput(account.id, 1n, 'c3'), (trx) =>
+      credits.takeIn(trx, { subject: account.id, credits: 30, limit: 100 }),
+    );
+    expect(third.within.allowed).toBe(true);
+    expect(await credits.used(account.id, nowMs)).toBe(100);
+    // A day after the first take its bucket has left the window.
+    nowMs = Date.UTC(2026, 0, 16, 12, 0, 30);
+    expect(await credits.used(account.id, nowMs)).toBe(30);
+  });
+
+  test('behavior: a capture of a reservation no longer held changes nothing, its caller statements included', async () => {
+    const account = await fundedAccount(USD);
+    const { reservation, within } = await ledger.reserveWith(reserveInput(account.id, 500n, 'gone'), (trx) =>
+      credits.takeIn(trx, { subject: account.id, credits: 20, limit: 100 }),
+    );
+    await ledger.release(reservation.id);
+    const before = await snapshot(account.id);
+    await expect(
+      ledger.captureWith(reservation, { items: [{ sku: 'x', amountNano: 100n }] }, (trx) =>
+        credits.giveBack(
+          { subject: account.id, bucketMs: within.allowed ? within.bucketMs : 0, credits: 20 },
+          trx,
+        ),
+      ),
+    ).rejects.toBeInstanceOf(ReservationStateError);
+    expect(await snapshot(account.id)).toEqual(before);
+    expect(before.credits).toBe(20);
+  });
+
+  test('behavior: a reservation whose figures are not the stored ones is refused, nothing changed', async () => {
+    const account = await fundedAccount(USD);
+    const { reservation } = await ledger.reserveWith(reserveInput(account.id, 500n, 'forged'), async () => 0);
+    const before = await snapshot(account.id);
+    const forged = { ...reservation, usdNano: 100n };
+    const error = await ledger
+      .captureWith(forged, { items: [{ sku: 'x', amountNano: 4_000n }] })
+      .catch((e) => e);
+    expect(error).toBeInstanceOf(StorageError);
+    expect(await snapshot(account.id)).toEqual(before);
+    expect((await ledger.getReservation(reservation.id)).status).toBe('held');
+  });
+
+  test('behavior: concurrent takes from two processes admit exactly what fits the credit cap', async () => {
+    const account = await fundedAccount(USD);
+    const otherLedger = other ? createLedger(other, clock) : ledger;
+    const otherCredits = other ? createRpcCredits(other, clock) : credits;
+    const attempts = Array.from({ length: 24 }, (_, i) => {
+      const [l, c] = i % 2 ? [otherLedger, otherCredits] : [ledger, credits];
+      return l.reserveWith(reserveInput(account.id, 10n, `race-${i}`), async (trx) => {
+        const taken = await c.takeIn(trx, { subject: account.id, credits: 7, limit: 50 });
+        if (!taken.allowed) throw new Error('capped');
+        return taken;
+      });
+    });
+    const results = await Promise.allSettled(attempts);
+    const admitted = results.filter((r) => r.status === 'fulfilled').length;
+    const refused = results.filter(
+      (r) => r.status === 'rejected' && String(r.reason).includes('capped'),
+    ).length;
+    expect([admitted, refused]).toEqual([7, 17]);
+    expect(await credits.used(account.id, nowMs)).toBe(49);
+    expect(await ledger.getBalance(account.id)).toMatchObject({ usdReservedNano: 70n });
+  });
+});

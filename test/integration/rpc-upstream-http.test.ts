@@ -1,0 +1,90 @@
+/**
+ * The HTTP JSON-RPC upstream on the wire, against a loopback node that records what it receives: the request
+ * line and headers a node behind a virtual host needs (Host, the URL's credentials as Basic auth, the path and
+ * query kept, the body's length), the request bytes unchanged, and one keep-alive connection reused by
+ * sequential calls.
+ */
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterAll, beforeAll, expect, test } from 'vitest';
+import { createHttpRpcUpstream } from '../../server/providers/rpc/http.ts';
+
+type Seen = { method: string; url: string; headers: IncomingHttpHeaders; body: string; socket: number };
+
+let server: Server;
+let port = 0;
+const seen: Seen[] = [];
+const sockets = new Map<unknown, number>();
+
+beforeAll(async () => {
+  server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (chunk: Buffer) => chunks.push(chunk));
+    req.on('end', () => {
+      if (!sockets.has(req.socket)) sockets.set(req.socket, sockets.size + 1);
+      seen.push({
+        method: req.method ?? '',
+        url: req.url ?? '',
+        headers: req.headers,
+        body: Buffer.concat(chunks).toString(),
+        socket: sockets.get(req.socket) ?? 0,
+      });
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end('{"jsonrpc":"2.0","id":7,"result":"0x2a"}');
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  port = (server.address() as AddressInfo).port;
+});
+
+afterAll(async () => {
+  server.closeAllConnections();
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+});
+
+test('behavior: Host, Basic credentials from the URL, path and query, length and bytes reach the node', async () => {
+  const upstream = createHttpRpcUpstream({
+    endpoints: [{ url: `http://rpc%40user:p%3Ass@127.0.0.1:${port}/v2/key-123?tier=x`, timeoutMs: 5000 }],
+    maxResponseBytes: 1 << 20,
+  });
+  try {
+    seen.length = 0;
+    const payload = Buffer.from('{"jsonrpc":"2.0","id":7,"method":"eth_blockNumber","params":[]}');
+    const answer = await upstream.forward({
+      payload,
+      parse: (status, body) => `${status}:${body.toString()}`,
+    });
+    expect(answer.parsed).toBe('200:{"jsonrpc":"2.0","id":7,"result":"0x2a"}');
+    expect(seen).toHaveLength(1);
+    const [request] = seen;
+    expect(request).toMatchObject({ method: 'POST', url: '/v2/key-123?tier=x', body: payload.toString() });
+    expect(request?.headers).toMatchObject({
+      host: `127.0.0.1:${port}`,
+      authorization: `Basic ${Buffer.from('rpc@user:p:ss').toString('base64')}`,
+      'content-type': 'application/json',
+      accept: 'application/json',
+      'content-length': String(payload.length),
+      connection: 'keep-alive',
+    });
+  } finally {
+    upstream.close();
+  }
+});
+
+test('behavior: sequential calls reuse one keep-alive connection; no credentials when the URL has none', async () => {
+  const upstream = createHttpRpcUpstream({
+    endpoints: [{ url: `http://127.0.0.1:${port}`, timeoutMs: 5000 }],
+    maxResponseBytes: 1 << 20,
+  });
+  try {
+    seen.length = 0;
+    const payload = Buffer.from('{"jsonrpc":"2.0","id":7,"method":"eth_chainId"}');
+    for (let i = 0; i < 3; i++) await upstream.forward({ payload, parse: () => true });
+    expect(seen.map((s) => s.url)).toEqual(['/', '/', '/']);
+    expect(new Set(seen.map((s) => s.socket)).size).toBe(1);
+    expect(seen[0]?.headers.authorization).toBeUndefined();
+    expect(seen[0]?.headers.host).toBe(`127.0.0.1:${port}`);
+  } finally {
+    upstream.close();
+  }
+});
