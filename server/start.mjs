@@ -18,6 +18,7 @@ import { existsSync, mkdirSync, readdirSync, renameSync, rmSync, statSync, write
 import { readFile } from 'node:fs/promises';
 import { dirname, join, relative, sep } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { setFlagsFromString } from 'node:v8';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
 const entry = join(root, 'server', 'main.ts');
@@ -103,6 +104,10 @@ function prune(current) {
     } catch {}
   }
 }
+
+// As in main.ts (which sets it too, for other ways of starting), but before any module is loaded: loading them
+// is the process's first peak of memory.
+setFlagsFromString('--optimize-for-size');
 
 const compiled = await compile().catch((error) => {
   process.stderr.write(`server/start.mjs: compiling failed, using the tsx loader instead: ${error}\n`);
