@@ -64,8 +64,9 @@ async function waitForHttp(url: string, child: ChildProcess, log: () => string, 
 }
 
 /**
- * Starts `node --import tsx <script>` (the process itself, no wrapper: its pid is the server's) with `PORT`
- * set to a free port, and waits until `readyPath` answers.
+ * Starts `node --import tsx <script>` (`node <script>` for a `.mjs` script such as `server/start.mjs`, the
+ * server as `npm start` runs it; the process itself, no wrapper: its pid is the server's) with `PORT` set to
+ * a free port, and waits until `readyPath` answers.
  */
 export async function startNodeChild(
   name: string,
@@ -74,7 +75,8 @@ export async function startNodeChild(
   readyPath = '/',
 ): Promise<Child> {
   const port = await freePort();
-  const child = spawn(process.execPath, ['--import', 'tsx', join(repoRoot, script)], {
+  const loader = script.endsWith('.mjs') ? [] : ['--import', 'tsx'];
+  const child = spawn(process.execPath, [...loader, join(repoRoot, script)], {
     cwd: repoRoot,
     env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '', ...env, PORT: String(port) },
     stdio: ['ignore', 'pipe', 'pipe'],

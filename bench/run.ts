@@ -9,6 +9,9 @@
  * Knobs: `--quick` (or BENCH_QUICK=1): 2 rounds of 2 s, 500 streams; BENCH_DURATION (seconds per
  * throughput run, default 4), BENCH_ROUNDS (default 3), BENCH_CONNECTIONS (default 16), BENCH_STREAMS
  * (default 1000), BENCH_LATENCY_COUNT (sequential requests per latency run, default 400).
+ * `--only streams` (or BENCH_ONLY=streams): only the streams part (the streaming server and its RSS, no
+ * PostgreSQL, anvil, Prism or throughput rounds), for iterating on memory; the other rows are left empty and
+ * the report goes to bench/results/streams.json and streams.md instead.
  */
 import { randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -34,12 +37,19 @@ import { type Report, renderMarkdown, renderTable } from './report.ts';
 import { catalogOverride, fundedKey } from './setup.ts';
 
 const quick = process.argv.includes('--quick') || process.env.BENCH_QUICK === '1';
+const onlyArg = process.argv.indexOf('--only');
+const only = (onlyArg >= 0 ? process.argv[onlyArg + 1] : process.env.BENCH_ONLY) || undefined;
+if (only !== undefined && only !== 'streams') {
+  process.stderr.write(`[bench] unknown --only/BENCH_ONLY value: ${only} (known: streams)\n`);
+  process.exit(2);
+}
 const int = (name: string, fallback: number) => {
   const value = Number.parseInt(process.env[name] ?? '', 10);
   return Number.isSafeInteger(value) && value > 0 ? value : fallback;
 };
 const settings = {
   quick,
+  onlyStreams: only === 'streams',
   durationS: int('BENCH_DURATION', quick ? 2 : 4),
   rounds: int('BENCH_ROUNDS', quick ? 2 : 3),
   connections: int('BENCH_CONNECTIONS', 16),
@@ -53,6 +63,9 @@ const settings = {
  */
 const STREAM_TOKEN_DELAY_MS = 100;
 const STREAM_TOKENS = 150;
+
+/** The server as `npm start` runs it. */
+const SERVER = 'server/start.mjs';
 
 const log = (message: string) => process.stderr.write(`[bench] ${message}\n`);
 const scratch = mkdtempSync(join(tmpdir(), 'svc-bench-'));
@@ -95,6 +108,16 @@ async function main(): Promise<Report> {
   const upstream = await startNodeChild('upstream', 'bench/upstream.ts', {}, '/');
   const catalogPath = join(scratch, 'catalog.yaml');
   writeFileSync(catalogPath, catalogOverride(upstream.origin));
+  const streamsUrl = `sqlite:${join(scratch, 'streams.db')}`;
+  if (settings.onlyStreams) {
+    const key = await fundedKey(streamsUrl);
+    return {
+      ...header(),
+      rows: [],
+      sequential: {},
+      streams: await measureStreams(catalogPath, streamsUrl, key),
+    };
+  }
 
   log('starting PostgreSQL, anvil and the Prism mock');
   const [postgres, anvil, prism] = await Promise.all([
@@ -108,7 +131,6 @@ async function main(): Promise<Report> {
 
   const sqliteUrl = `sqlite:${join(scratch, 'bench.db')}`;
   const postgresUrl = await postgres.createDatabase('bench');
-  const streamsUrl = `sqlite:${join(scratch, 'streams.db')}`;
   const [sqliteKey, postgresKey, streamsKey] = [
     await fundedKey(sqliteUrl),
     await fundedKey(postgresUrl),
@@ -120,13 +142,13 @@ async function main(): Promise<Report> {
   const ceiling = await startNodeChild('ceiling', 'bench/ceiling.ts', {});
   const onSqlite = await startNodeChild(
     'server (SQLite)',
-    'server/main.ts',
+    SERVER,
     serverEnv(sqliteUrl, catalogPath, rpcEnv),
     '/healthz',
   );
   const onPostgres = await startNodeChild(
     'server (PostgreSQL)',
-    'server/main.ts',
+    SERVER,
     serverEnv(postgresUrl, catalogPath, rpcEnv),
     '/healthz',
   );
@@ -273,11 +295,24 @@ async function main(): Promise<Report> {
     ]),
   );
 
-  // Streams: a separate server whose engine paces tokens, so that every stream stays open for seconds.
   await Promise.all([onPostgres.stop(), ceiling.stop()]);
+  return {
+    ...header(),
+    rows,
+    sequential,
+    streams: await measureStreams(catalogPath, streamsUrl, streamsKey),
+  };
+}
+
+/** Streams: a separate server whose engine paces tokens, so that every stream stays open for seconds. */
+async function measureStreams(
+  catalogPath: string,
+  streamsUrl: string,
+  streamsKey: string,
+): Promise<Report['streams']> {
   const streaming = await startNodeChild(
     'server (streams)',
-    'server/main.ts',
+    SERVER,
     serverEnv(streamsUrl, catalogPath, { LOCAL_CHAT_TOKEN_DELAY_MS: String(STREAM_TOKEN_DELAY_MS) }),
     '/healthz',
   );
@@ -291,7 +326,7 @@ async function main(): Promise<Report> {
   try {
     streamResult = await streams(
       {
-        url: `${api(streaming)}/chat/completions`,
+        url: `${streaming.origin}/api/v1/chat/completions`,
         method: 'POST',
         headers: json(streamsKey),
         body: chatBody('llama-3.3-70b', true, STREAM_TOKENS, 'Write 500 words about the benchmark.'),
@@ -305,6 +340,11 @@ async function main(): Promise<Report> {
   const streamsPeakRss = Math.max(peakDuringStreams, streaming.peakRss());
   log(`streams: ${JSON.stringify(streamResult)}; peak RSS ${(streamsPeakRss / 2 ** 20).toFixed(0)} MB`);
 
+  await streaming.stop();
+  return { ...streamResult, peakRssMb: streamsPeakRss / 2 ** 20, idleRssMb: baseRss / 2 ** 20 };
+}
+
+function header(): Pick<Report, 'when' | 'machine' | 'settings'> {
   return {
     when: new Date().toISOString(),
     machine: {
@@ -314,9 +354,6 @@ async function main(): Promise<Report> {
       node: process.version,
     },
     settings,
-    rows,
-    sequential,
-    streams: { ...streamResult, peakRssMb: streamsPeakRss / 2 ** 20, idleRssMb: baseRss / 2 ** 20 },
   };
 }
 
@@ -331,10 +368,12 @@ try {
   const report = await main();
   const dir = join(repoRoot, 'bench', 'results');
   mkdirSync(dir, { recursive: true });
-  writeFileSync(join(dir, 'latest.json'), `${JSON.stringify(report, null, 2)}\n`);
-  writeFileSync(join(dir, 'latest.md'), renderMarkdown(report));
+  // A partial run (`--only`) does not overwrite the full run's results.
+  const name = settings.onlyStreams ? 'streams' : 'latest';
+  writeFileSync(join(dir, `${name}.json`), `${JSON.stringify(report, null, 2)}\n`);
+  writeFileSync(join(dir, `${name}.md`), renderMarkdown(report));
   process.stdout.write(`${renderTable(report)}\n`);
-  log('wrote bench/results/latest.json and bench/results/latest.md');
+  log(`wrote bench/results/${name}.json and bench/results/${name}.md`);
 } catch (error) {
   exitCode = 1;
   log(`failed: ${(error as Error).stack ?? String(error)}`);

@@ -54,11 +54,14 @@ function parseLines(text: string): Array<Record<string, unknown>> {
  */
 export async function startServerProcess(
   env: Record<string, string>,
-  options: { listening?: number; timeoutMs?: number } = {},
+  options: { listening?: number; timeoutMs?: number; launcher?: boolean } = {},
 ): Promise<ServerProcess> {
   const child: ChildProcess = spawn(
     process.execPath,
-    ['--import', 'tsx', join(repoRoot, 'server', 'main.ts')],
+    // `launcher`: `node server/start.mjs`, as `npm start` runs it (compiled, no loader in the process).
+    options.launcher
+      ? [join(repoRoot, 'server', 'start.mjs')]
+      : ['--import', 'tsx', join(repoRoot, 'server', 'main.ts')],
     {
       cwd: repoRoot,
       env: {

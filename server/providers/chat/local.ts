@@ -174,12 +174,17 @@ function softmax(logits: number[]): number[] {
 type Piece = { text: string; logprob: number; alternatives: { word: string; logprob: number }[] };
 
 /**
- * `words` words in sentences of 8 to 14. Only the first `limit` are drawn: an answer cut by `max_tokens`
- * cannot send more words than tokens, and the words drawn are exactly those of the full answer (the same
- * draws in the same order; the period of the last word still goes by `words`).
+ * `words` words in sentences of 8 to 14, drawn one at a time as they are taken. Only the first `limit` are
+ * drawn: an answer cut by `max_tokens` cannot send more words than tokens, and the words drawn are exactly
+ * those of the full answer (the same draws in the same order; the period of the last word still goes by
+ * `words`).
  */
-function sentences(sampler: Sampler, random: () => number, words: number, limit = words): Piece[] {
-  const pieces: Piece[] = [];
+function* drawSentences(
+  sampler: Sampler,
+  random: () => number,
+  words: number,
+  limit = words,
+): Generator<Piece, void, undefined> {
   let previous = '';
   let inSentence = 0;
   let sentenceLength = 8 + Math.floor(random() * 7);
@@ -190,15 +195,19 @@ function sentences(sampler: Sampler, random: () => number, words: number, limit 
     const first = inSentence === 0;
     const word = first ? draw.word.charAt(0).toUpperCase() + draw.word.slice(1) : draw.word;
     const last = inSentence + 1 >= sentenceLength || i === words - 1;
-    pieces.push({
+    yield {
       text: `${i === 0 ? '' : ' '}${word}${last ? '.' : ''}`,
       logprob: draw.logprob,
       alternatives: draw.alternatives,
-    });
+    };
     inSentence = last ? 0 : inSentence + 1;
     if (last) sentenceLength = 8 + Math.floor(random() * 7);
   }
-  return pieces;
+}
+
+/** The same pieces, all drawn at once (for answers that are edited or searched before they are sent). */
+function sentences(sampler: Sampler, random: () => number, words: number, limit = words): Piece[] {
+  return [...drawSentences(sampler, random, words, limit)];
 }
 
 function promptWordsOf(messages: readonly ProviderMessage[]): string[] {
@@ -331,7 +340,7 @@ function bytesOf(text: string): number[] {
  * only what it sends, and the alternatives are worked out only when they are asked for (`top` > 0).
  */
 function* planPieces(
-  pieces: Piece[],
+  pieces: Iterable<Piece>,
   channel: 'content' | 'reasoning',
   top: number,
 ): Generator<PlannedToken, void, undefined> {
@@ -414,7 +423,6 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
         const tool = pickTool(request);
         let finish: FinishReason = 'stop';
         let emitted = 0;
-        let content = '';
         yield { type: 'delta', index, content: '' };
         // Reasoning first, within the bound.
         for (const planned of plan) {
@@ -475,24 +483,40 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
           // sources (the last sentence gets a citation) or stop sequences (one may straddle the cut) the whole
           // answer is drawn.
           const whole = sources > 0 || (request.sampling.stop?.length ?? 0) > 0;
-          const body = sentences(sampler, shape, words, whole ? words : budget + 1);
-          // Given numbered sources, it cites them the way many models do, in brackets: `[1]`, `[1][2]`.
-          if (sources > 0) {
-            const firstEnd = body.find((p) => p.text.endsWith('.'));
-            const lastPiece = body[body.length - 1];
-            if (firstEnd) firstEnd.text = firstEnd.text.replace(/\.$/, ' [1].');
-            if (lastPiece && lastPiece !== firstEnd && sources > 1)
-              lastPiece.text = lastPiece.text.replace(/\.$/, ' [1][2].');
-          }
-          const first = body[0];
-          if (first) first.text = ` ${first.text}`;
-          const pieces = [fixedPiece(intro), ...body];
-          const full = pieces.map((p) => p.text).join('');
+          let pieces: Iterable<Piece>;
           // Stop sequences cut the answer where they first occur; nothing at or after the cut is sent.
-          const cut = Math.min(
-            full.length,
-            ...(request.sampling.stop ?? []).map((s) => full.indexOf(s)).filter((i) => i >= 0),
-          );
+          let cut = Number.POSITIVE_INFINITY;
+          if (whole) {
+            const body = sentences(sampler, shape, words);
+            // Given numbered sources, it cites them the way many models do, in brackets: `[1]`, `[1][2]`.
+            if (sources > 0) {
+              const firstEnd = body.find((p) => p.text.endsWith('.'));
+              const lastPiece = body[body.length - 1];
+              if (firstEnd) firstEnd.text = firstEnd.text.replace(/\.$/, ' [1].');
+              if (lastPiece && lastPiece !== firstEnd && sources > 1)
+                lastPiece.text = lastPiece.text.replace(/\.$/, ' [1][2].');
+            }
+            const first = body[0];
+            if (first) first.text = ` ${first.text}`;
+            pieces = [fixedPiece(intro), ...body];
+            const full = (pieces as Piece[]).map((p) => p.text).join('');
+            cut = Math.min(
+              full.length,
+              ...(request.sampling.stop ?? []).map((s) => full.indexOf(s)).filter((i) => i >= 0),
+            );
+          } else {
+            // Drawn as they are sent (a stream holds one word at a time, not its whole answer).
+            pieces = (function* () {
+              yield fixedPiece(intro);
+              let first = true;
+              for (const piece of drawSentences(sampler, shape, words, budget + 1)) {
+                if (first) piece.text = ` ${piece.text}`;
+                first = false;
+                yield piece;
+              }
+            })();
+          }
+          let sent = 0;
           for (const planned of planPieces(pieces, 'content', topN)) {
             signal?.throwIfAborted();
             if (emitted >= budget) {
@@ -500,11 +524,11 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
               break;
             }
             let text = decodeTokens([planned.token]);
-            const room = cut - content.length;
+            const room = cut - sent;
             if (room <= 0) break;
             const partial = text.length > room;
             if (partial) text = text.slice(0, room);
-            content += text;
+            sent += text.length;
             emitted += partial ? encodeText(text).length : 1;
             yield {
               type: 'delta',

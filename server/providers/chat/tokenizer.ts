@@ -2,9 +2,46 @@
  * Token counting with a real BPE tokenizer (`o200k_base`, the encoding of current OpenAI models, from
  * `gpt-tokenizer`). The local engine counts its usage with it; the chat domain uses it to size reservations
  * and to bill what an interrupted stream had produced.
+ *
+ * The ranks are read from the package's `o200k_base.tiktoken` data file rather than imported from its
+ * generated JavaScript module (`gpt-tokenizer/encoding/o200k_base`): the same 200,000 ranks (a unit test
+ * compares them entry by entry), but V8 keeps the source text of every module for the life of the process,
+ * and that module is a 2.2 MB array literal (3.7 MB as a string, plus its compiled constants, and a start-up
+ * peak of several times that while it is parsed). The data file's buffer is dropped once it is read.
  */
-import { decode, encode } from 'gpt-tokenizer/encoding/o200k_base';
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { GptEncoding } from 'gpt-tokenizer/GptEncoding';
 import type { ProviderMessage, ProviderTool } from './types.ts';
+
+const utf8 = new TextDecoder('utf8', { fatal: true });
+
+/**
+ * The mergeable ranks of `o200k_base`, as `gpt-tokenizer`'s generated module holds them: index = rank, the
+ * token as a string when its bytes are valid UTF-8 (and re-encode to the same bytes), else its bytes; ranks
+ * absent from the file stay holes.
+ */
+export function loadO200kRanks(): (string | number[])[] {
+  const path = createRequire(import.meta.url).resolve('gpt-tokenizer/data/o200k_base.tiktoken');
+  const ranks: (string | number[])[] = [];
+  for (const line of readFileSync(path, 'latin1').split('\n')) {
+    if (!line) continue;
+    const space = line.indexOf(' ');
+    const bytes = Buffer.from(line.slice(0, space), 'base64');
+    const rank = Number.parseInt(line.slice(space + 1), 10);
+    let token: string | number[];
+    try {
+      token = utf8.decode(bytes);
+      if (Buffer.byteLength(token, 'utf8') !== bytes.length) token = [...bytes];
+    } catch {
+      token = [...bytes];
+    }
+    ranks[rank] = token;
+  }
+  return ranks;
+}
+
+const { decode, encode } = GptEncoding.getEncodingApi('o200k_base', loadO200kRanks);
 
 /** Tokens of a text. */
 export function encodeText(text: string): number[] {
