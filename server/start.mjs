@@ -107,7 +107,7 @@ function prune(current) {
 
 // As in main.ts (which sets it too, for other ways of starting), but before any module is loaded: loading them
 // is the process's first peak of memory.
-setFlagsFromString('--optimize-for-size');
+setFlagsFromString('--heap-growing-percent=30');
 
 const compiled = await compile().catch((error) => {
   process.stderr.write(`server/start.mjs: compiling failed, using the tsx loader instead: ${error}\n`);
