@@ -679,6 +679,91 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         .returning(['usd_balance_nano', 'diem_stake_nano']),
   );
 
+  /**
+   * The reservation transaction of `reserve` and `reserveWith`: the account row locked first, then the
+   * caller's `within` (if any), then the checks and the hold.
+   */
+  async function reserveIn<T>(
+    input: ReserveInput,
+    within?: (trx: Transaction<Tables>) => Promise<T>,
+  ): Promise<ReserveResult & { within: T | undefined }> {
+    assertAmount('amountNano', input.amountNano);
+    if (!Number.isSafeInteger(input.ttlMs) || input.ttlMs <= 0) {
+      throw new InvalidInputError('ttlMs', 'ttlMs must be a positive integer');
+    }
+    if (!input.requestId) throw new InvalidInputError('requestId', 'requestId is required');
+    const at = now();
+    const epochDay = epochDayOf(at);
+    const apiKeyId = input.apiKeyId ?? null;
+    return database.transaction(async (trx) => {
+      // One statement: the account row, locked, with the limits of the key (when one is charged).
+      const { account, key } =
+        apiKeyId === null
+          ? { account: await lockAccount(trx, input.accountId), key: undefined }
+          : await lockAccountWithKey(trx, input.accountId, apiKeyId);
+      const extra = within ? await within(trx) : undefined;
+      // Without a DIEM stake nothing can be drawn from DIEM: the day's counters need not be read.
+      const usage =
+        account.diem_stake_nano > 0n
+          ? await diemUsage(trx, input.accountId, epochDay)
+          : { usedNano: 0n, reservedNano: 0n };
+      const balance = balanceOf(account, usage);
+      const diemPart = minBig(input.amountNano, balance.diemAvailableNano);
+      const usdPart = input.amountNano - diemPart;
+      if (usdPart > balance.usdAvailableNano) {
+        throw new InsufficientBalanceError({
+          requiredNano: input.amountNano,
+          usdAvailableNano: balance.usdAvailableNano,
+          diemAvailableNano: balance.diemAvailableNano,
+        });
+      }
+      if (apiKeyId !== null) {
+        if (!key) throw new NotFoundError('api key', apiKeyId);
+        if (key.limit_usd_nano !== null || key.limit_diem_nano !== null) {
+          const spent = await keySpendOn(trx, apiKeyId, periodStartMs(key.limit_period, at), true);
+          const checks = [
+            { currency: 'USD' as const, limit: key.limit_usd_nano, spent: spent.usdNano, part: usdPart },
+            {
+              currency: 'DIEM' as const,
+              limit: key.limit_diem_nano,
+              spent: spent.diemNano,
+              part: diemPart,
+            },
+          ];
+          for (const check of checks) {
+            if (check.limit !== null && check.part > 0n && check.spent + check.part > check.limit) {
+              throw new KeySpendLimitError({
+                apiKeyId,
+                currency: check.currency,
+                period: key.limit_period,
+                limitNano: check.limit,
+                spentNano: check.spent,
+                requestedNano: check.part,
+              });
+            }
+          }
+        }
+      }
+      const [row] = await insertReservation(
+        trx,
+        randomId(),
+        input.accountId,
+        apiKeyId,
+        input.requestId,
+        input.modelId ?? null,
+        usdPart,
+        diemPart,
+        epochDay,
+        at,
+        at + input.ttlMs,
+      );
+      if (!row) throw new StorageError('STORAGE_FAILURE', 'The reservation was not written');
+      if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
+      await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
+      return { reservation: toReservation(row), within: extra };
+    });
+  }
+
   return {
     /** The account's balances at `at` (today's DIEM figures are for the UTC day of `at`). */
     async getBalance(accountId: string, at: number = now()): Promise<Balance> {
@@ -765,80 +850,8 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
      * its period (charges plus held reservations) would be passed, NotFoundError for an unknown account or key.
      */
     async reserve(input: ReserveInput): Promise<ReserveResult> {
-      assertAmount('amountNano', input.amountNano);
-      if (!Number.isSafeInteger(input.ttlMs) || input.ttlMs <= 0) {
-        throw new InvalidInputError('ttlMs', 'ttlMs must be a positive integer');
-      }
-      if (!input.requestId) throw new InvalidInputError('requestId', 'requestId is required');
-      const at = now();
-      const epochDay = epochDayOf(at);
-      const apiKeyId = input.apiKeyId ?? null;
-      return database.transaction(async (trx) => {
-        // One statement: the account row, locked, with the limits of the key (when one is charged).
-        const { account, key } =
-          apiKeyId === null
-            ? { account: await lockAccount(trx, input.accountId), key: undefined }
-            : await lockAccountWithKey(trx, input.accountId, apiKeyId);
-        // Without a DIEM stake nothing can be drawn from DIEM: the day's counters need not be read.
-        const usage =
-          account.diem_stake_nano > 0n
-            ? await diemUsage(trx, input.accountId, epochDay)
-            : { usedNano: 0n, reservedNano: 0n };
-        const balance = balanceOf(account, usage);
-        const diemPart = minBig(input.amountNano, balance.diemAvailableNano);
-        const usdPart = input.amountNano - diemPart;
-        if (usdPart > balance.usdAvailableNano) {
-          throw new InsufficientBalanceError({
-            requiredNano: input.amountNano,
-            usdAvailableNano: balance.usdAvailableNano,
-            diemAvailableNano: balance.diemAvailableNano,
-          });
-        }
-        if (apiKeyId !== null) {
-          if (!key) throw new NotFoundError('api key', apiKeyId);
-          if (key.limit_usd_nano !== null || key.limit_diem_nano !== null) {
-            const spent = await keySpendOn(trx, apiKeyId, periodStartMs(key.limit_period, at), true);
-            const checks = [
-              { currency: 'USD' as const, limit: key.limit_usd_nano, spent: spent.usdNano, part: usdPart },
-              {
-                currency: 'DIEM' as const,
-                limit: key.limit_diem_nano,
-                spent: spent.diemNano,
-                part: diemPart,
-              },
-            ];
-            for (const check of checks) {
-              if (check.limit !== null && check.part > 0n && check.spent + check.part > check.limit) {
-                throw new KeySpendLimitError({
-                  apiKeyId,
-                  currency: check.currency,
-                  period: key.limit_period,
-                  limitNano: check.limit,
-                  spentNano: check.spent,
-                  requestedNano: check.part,
-                });
-              }
-            }
-          }
-        }
-        const [row] = await insertReservation(
-          trx,
-          randomId(),
-          input.accountId,
-          apiKeyId,
-          input.requestId,
-          input.modelId ?? null,
-          usdPart,
-          diemPart,
-          epochDay,
-          at,
-          at + input.ttlMs,
-        );
-        if (!row) throw new StorageError('STORAGE_FAILURE', 'The reservation was not written');
-        if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
-        await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
-        return { reservation: toReservation(row) };
-      });
+      const { reservation } = await reserveIn(input);
+      return { reservation };
     },
 
     /**
@@ -1159,79 +1172,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       input: ReserveInput,
       within: (trx: Transaction<Tables>) => Promise<T>,
     ): Promise<ReserveResult & { within: T }> {
-      assertAmount('amountNano', input.amountNano);
-      if (!Number.isSafeInteger(input.ttlMs) || input.ttlMs <= 0) {
-        throw new InvalidInputError('ttlMs', 'ttlMs must be a positive integer');
-      }
-      if (!input.requestId) throw new InvalidInputError('requestId', 'requestId is required');
-      const at = now();
-      const epochDay = epochDayOf(at);
-      const apiKeyId = input.apiKeyId ?? null;
-      return database.transaction(async (trx) => {
-        const { account, key } =
-          apiKeyId === null
-            ? { account: await lockAccount(trx, input.accountId), key: undefined }
-            : await lockAccountWithKey(trx, input.accountId, apiKeyId);
-        const extra = await within(trx);
-        const usage =
-          account.diem_stake_nano > 0n
-            ? await diemUsage(trx, input.accountId, epochDay)
-            : { usedNano: 0n, reservedNano: 0n };
-        const balance = balanceOf(account, usage);
-        const diemPart = minBig(input.amountNano, balance.diemAvailableNano);
-        const usdPart = input.amountNano - diemPart;
-        if (usdPart > balance.usdAvailableNano) {
-          throw new InsufficientBalanceError({
-            requiredNano: input.amountNano,
-            usdAvailableNano: balance.usdAvailableNano,
-            diemAvailableNano: balance.diemAvailableNano,
-          });
-        }
-        if (apiKeyId !== null) {
-          if (!key) throw new NotFoundError('api key', apiKeyId);
-          if (key.limit_usd_nano !== null || key.limit_diem_nano !== null) {
-            const spent = await keySpendOn(trx, apiKeyId, periodStartMs(key.limit_period, at), true);
-            const checks = [
-              { currency: 'USD' as const, limit: key.limit_usd_nano, spent: spent.usdNano, part: usdPart },
-              {
-                currency: 'DIEM' as const,
-                limit: key.limit_diem_nano,
-                spent: spent.diemNano,
-                part: diemPart,
-              },
-            ];
-            for (const check of checks) {
-              if (check.limit !== null && check.part > 0n && check.spent + check.part > check.limit) {
-                throw new KeySpendLimitError({
-                  apiKeyId,
-                  currency: check.currency,
-                  period: key.limit_period,
-                  limitNano: check.limit,
-                  spentNano: check.spent,
-                  requestedNano: check.part,
-                });
-              }
-            }
-          }
-        }
-        const [row] = await insertReservation(
-          trx,
-          randomId(),
-          input.accountId,
-          apiKeyId,
-          input.requestId,
-          input.modelId ?? null,
-          usdPart,
-          diemPart,
-          epochDay,
-          at,
-          at + input.ttlMs,
-        );
-        if (!row) throw new StorageError('STORAGE_FAILURE', 'The reservation was not written');
-        if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
-        await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
-        return { reservation: toReservation(row), within: extra };
-      });
+      return (await reserveIn(input, within)) as ReserveResult & { within: T };
     },
 
     /**

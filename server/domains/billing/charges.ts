@@ -43,6 +43,12 @@ export function paymentError(error: unknown): ApiError | undefined {
 export type Charges = ReturnType<typeof createCharges>;
 
 export function createCharges(deps: ChargesDeps) {
+  /** What a failed reservation answers: a wallet short of balance gets the 402 with what to pay. */
+  const refusal = (principal: Principal, amountNano: bigint, error: unknown): unknown =>
+    principal.kind === 'wallet' && error instanceof InsufficientBalanceError && deps.walletPaymentRequired
+      ? deps.walletPaymentRequired(principal, amountNano, error)
+      : (paymentError(error) ?? error);
+
   return {
     /** Reserves `amountNano` for the caller, or throws the 402 to answer with. */
     async reserve(
@@ -60,14 +66,7 @@ export function createCharges(deps: ChargesDeps) {
         });
         return reservation;
       } catch (error) {
-        if (
-          principal.kind === 'wallet' &&
-          error instanceof InsufficientBalanceError &&
-          deps.walletPaymentRequired
-        ) {
-          throw deps.walletPaymentRequired(principal, input.amountNano, error);
-        }
-        throw paymentError(error) ?? error;
+        throw refusal(principal, input.amountNano, error);
       }
     },
 
@@ -104,14 +103,7 @@ export function createCharges(deps: ChargesDeps) {
           within,
         );
       } catch (error) {
-        if (
-          principal.kind === 'wallet' &&
-          error instanceof InsufficientBalanceError &&
-          deps.walletPaymentRequired
-        ) {
-          throw deps.walletPaymentRequired(principal, input.amountNano, error);
-        }
-        throw paymentError(error) ?? error;
+        throw refusal(principal, input.amountNano, error);
       }
     },
 
