@@ -679,6 +679,103 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         .returning(['usd_balance_nano', 'diem_stake_nano']),
   );
 
+  /** The items of a capture, checked, with their text columns as stored. */
+  function captureItems(input: CaptureInput) {
+    return input.items.map((item, index) => {
+      assertAmount(`items[${index}].amountNano`, item.amountNano);
+      return {
+        ...item,
+        units: decimalText(`items[${index}].units`, item.units),
+        unitPriceNano: decimalText(`items[${index}].unitPriceNano`, item.unitPriceNano),
+        details: item.details === undefined || item.details === null ? null : JSON.stringify(item.details),
+      };
+    });
+  }
+  type StoredItem = ReturnType<typeof captureItems>[number];
+
+  /**
+   * How a capture charges a reservation holding `usdNano` and `diemNano`: the total capped at the reservation,
+   * DIEM first, then USD, item by item.
+   */
+  function splitCharge(items: StoredItem[], usdNano: bigint, diemNano: bigint) {
+    const requestedNano = items.reduce((sum, item) => sum + item.amountNano, 0n);
+    const total = minBig(requestedNano, usdNano + diemNano);
+    let budget = total;
+    let diemLeft = diemNano;
+    let usdCharged = 0n;
+    let diemCharged = 0n;
+    const parts = items.map((item) => {
+      const amount = minBig(item.amountNano, budget);
+      budget -= amount;
+      const diem = minBig(amount, diemLeft);
+      diemLeft -= diem;
+      diemCharged += diem;
+      usdCharged += amount - diem;
+      return { item, diem, usd: amount - diem };
+    });
+    return { parts, requestedNano, total, usdCharged, diemCharged };
+  }
+
+  /**
+   * The CHARGE entries of a split: one per (item, currency) with a non-zero amount, each with the balance
+   * left after it (DIEM: the stake less the day's use; USD: `usdBalanceNano` before the capture, less).
+   */
+  function chargeEntries(
+    parts: ReturnType<typeof splitCharge>['parts'],
+    held: {
+      accountId: string;
+      apiKeyId: string | null;
+      reservationId: string;
+      requestId: string;
+      modelId: string | null;
+    },
+    balances: { diemStakeNano: bigint; diemUsedNano: bigint; usdBalanceNano: bigint },
+    at: number,
+  ): NewEntry[] {
+    let diemUsed = balances.diemUsedNano;
+    let usdBalance = balances.usdBalanceNano;
+    const values: NewEntry[] = [];
+    for (const { item, diem, usd } of parts) {
+      const common = {
+        account_id: held.accountId,
+        api_key_id: held.apiKeyId,
+        reservation_id: held.reservationId,
+        type: 'CHARGE' as const,
+        request_id: held.requestId,
+        model_id: item.modelId ?? held.modelId,
+        sku: item.sku,
+        units: item.units,
+        unit_price_nano: item.unitPriceNano,
+        details: item.details,
+      };
+      if (diem > 0n) {
+        diemUsed += diem;
+        const left = maxBig(0n, balances.diemStakeNano - diemUsed);
+        values.push(
+          entryValues({ ...common, currency: 'DIEM', amount_nano: -diem, balance_after_nano: left }, at),
+        );
+      }
+      if (usd > 0n) {
+        usdBalance -= usd;
+        values.push(
+          entryValues({ ...common, currency: 'USD', amount_nano: -usd, balance_after_nano: usdBalance }, at),
+        );
+      }
+    }
+    return values;
+  }
+
+  /** Why a reservation could not be claimed: NotFoundError, or ReservationStateError with its status. */
+  async function refuseClaim(trx: Transaction<Tables>, reservationId: string): Promise<never> {
+    const current = await trx
+      .selectFrom('reservations')
+      .select('status')
+      .where('id', '=', reservationId)
+      .executeTakeFirst();
+    if (!current) throw new NotFoundError('reservation', reservationId);
+    throw new ReservationStateError(reservationId, current.status);
+  }
+
   /**
    * The reservation transaction of `reserve` and `reserveWith`: the account row locked first, then the
    * caller's `within` (if any), then the checks and the hold.
@@ -861,16 +958,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
      * reservation is not held any more.
      */
     async capture(reservationId: string, input: CaptureInput): Promise<CaptureResult> {
-      const items = input.items.map((item, index) => {
-        assertAmount(`items[${index}].amountNano`, item.amountNano);
-        return {
-          ...item,
-          units: decimalText(`items[${index}].units`, item.units),
-          unitPriceNano: decimalText(`items[${index}].unitPriceNano`, item.unitPriceNano),
-          details: item.details === undefined || item.details === null ? null : JSON.stringify(item.details),
-        };
-      });
-      const requestedNano = items.reduce((sum, item) => sum + item.amountNano, 0n);
+      const items = captureItems(input);
       const at = now();
       return database.transaction(async (trx) => {
         // The reservation's account, locked first as every writer does, found in the same statement.
@@ -879,66 +967,34 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         // Claimed by a conditional update: it locks the row and proves it was still held, in one statement.
         // Should anything below fail, the transaction rolls the claim back with the rest.
         const [reservation] = await claimReservation(trx, at, reservationId);
-        if (!reservation) {
-          const current = await trx
-            .selectFrom('reservations')
-            .select('status')
-            .where('id', '=', reservationId)
-            .executeTakeFirst();
-          if (!current) throw new NotFoundError('reservation', reservationId);
-          throw new ReservationStateError(reservationId, current.status);
-        }
+        if (!reservation) return refuseClaim(trx, reservationId);
 
-        const total = minBig(requestedNano, reservation.usd_nano + reservation.diem_nano);
+        const { parts, requestedNano, total, usdCharged, diemCharged } = splitCharge(
+          items,
+          reservation.usd_nano,
+          reservation.diem_nano,
+        );
         // The day's DIEM counters matter only for DIEM entries, which need a DIEM part.
         const usage =
           reservation.diem_nano > 0n
             ? await diemUsage(trx, reservation.account_id, toNumber(reservation.epoch_day))
             : { usedNano: 0n, reservedNano: 0n };
-        let budget = total;
-        let diemLeft = reservation.diem_nano;
-        let diemUsed = usage.usedNano;
-        let usdBalance = account.usd_balance_nano;
-        let diemCharged = 0n;
-        let usdCharged = 0n;
-        const values: Array<NewEntry> = [];
-        for (const item of items) {
-          const amount = minBig(item.amountNano, budget);
-          budget -= amount;
-          const diem = minBig(amount, diemLeft);
-          const usd = amount - diem;
-          diemLeft -= diem;
-          const common = {
-            account_id: reservation.account_id,
-            api_key_id: reservation.api_key_id,
-            reservation_id: reservation.id,
-            type: 'CHARGE' as const,
-            request_id: reservation.request_id,
-            model_id: item.modelId ?? reservation.model_id,
-            sku: item.sku,
-            units: item.units,
-            unit_price_nano: item.unitPriceNano,
-            details: item.details,
-          };
-          if (diem > 0n) {
-            diemUsed += diem;
-            diemCharged += diem;
-            const left = maxBig(0n, account.diem_stake_nano - diemUsed);
-            values.push(
-              entryValues({ ...common, currency: 'DIEM', amount_nano: -diem, balance_after_nano: left }, at),
-            );
-          }
-          if (usd > 0n) {
-            usdBalance -= usd;
-            usdCharged += usd;
-            values.push(
-              entryValues(
-                { ...common, currency: 'USD', amount_nano: -usd, balance_after_nano: usdBalance },
-                at,
-              ),
-            );
-          }
-        }
+        const values = chargeEntries(
+          parts,
+          {
+            accountId: reservation.account_id,
+            apiKeyId: reservation.api_key_id,
+            reservationId: reservation.id,
+            requestId: reservation.request_id,
+            modelId: reservation.model_id,
+          },
+          {
+            diemStakeNano: account.diem_stake_nano,
+            diemUsedNano: usage.usedNano,
+            usdBalanceNano: account.usd_balance_nano,
+          },
+          at,
+        );
         const entries = await insertEntries(trx, values);
         if (usdCharged > 0n || reservation.usd_nano > 0n) {
           await settleAccount(trx, usdCharged, reservation.usd_nano, reservation.account_id);
@@ -1190,31 +1246,12 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       input: CaptureInput,
       within?: (trx: Transaction<Tables>) => Promise<T>,
     ): Promise<CaptureResult> {
-      const items = input.items.map((item, index) => {
-        assertAmount(`items[${index}].amountNano`, item.amountNano);
-        return {
-          ...item,
-          units: decimalText(`items[${index}].units`, item.units),
-          unitPriceNano: decimalText(`items[${index}].unitPriceNano`, item.unitPriceNano),
-          details: item.details === undefined || item.details === null ? null : JSON.stringify(item.details),
-        };
-      });
-      const requestedNano = items.reduce((sum, item) => sum + item.amountNano, 0n);
-      const total = minBig(requestedNano, reservation.usdNano + reservation.diemNano);
       // The split needs only the reservation's figures: computed before the transaction.
-      let budget = total;
-      let diemLeft = reservation.diemNano;
-      let usdCharged = 0n;
-      let diemCharged = 0n;
-      const parts = items.map((item) => {
-        const amount = minBig(item.amountNano, budget);
-        budget -= amount;
-        const diem = minBig(amount, diemLeft);
-        diemLeft -= diem;
-        diemCharged += diem;
-        usdCharged += amount - diem;
-        return { item, diem, usd: amount - diem };
-      });
+      const { parts, requestedNano, total, usdCharged, diemCharged } = splitCharge(
+        captureItems(input),
+        reservation.usdNano,
+        reservation.diemNano,
+      );
       const at = now();
       return database.transaction(async (trx) => {
         // The account row first, as every writer locks it: here by the update that settles the USD figures.
@@ -1229,15 +1266,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
               )
             : [await lockAccount(trx, reservation.accountId)];
         const [row] = account ? await claimReservation(trx, at, reservation.id) : [];
-        if (!account || !row) {
-          const current = await trx
-            .selectFrom('reservations')
-            .select('status')
-            .where('id', '=', reservation.id)
-            .executeTakeFirst();
-          if (!current) throw new NotFoundError('reservation', reservation.id);
-          throw new ReservationStateError(reservation.id, current.status);
-        }
+        if (!account || !row) return refuseClaim(trx, reservation.id);
         if (
           row.account_id !== reservation.accountId ||
           row.usd_nano !== reservation.usdNano ||
@@ -1250,40 +1279,23 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
           reservation.diemNano > 0n
             ? await diemUsage(trx, reservation.accountId, reservation.epochDay)
             : { usedNano: 0n, reservedNano: 0n };
-        let diemUsed = usage.usedNano;
-        // The balance before this capture: the update above already took the USD charged off it.
-        let usdBalance = account.usd_balance_nano + usdCharged;
-        const values: Array<NewEntry> = [];
-        for (const { item, diem, usd } of parts) {
-          const common = {
-            account_id: reservation.accountId,
-            api_key_id: row.api_key_id,
-            reservation_id: row.id,
-            type: 'CHARGE' as const,
-            request_id: row.request_id,
-            model_id: item.modelId ?? row.model_id,
-            sku: item.sku,
-            units: item.units,
-            unit_price_nano: item.unitPriceNano,
-            details: item.details,
-          };
-          if (diem > 0n) {
-            diemUsed += diem;
-            const left = maxBig(0n, account.diem_stake_nano - diemUsed);
-            values.push(
-              entryValues({ ...common, currency: 'DIEM', amount_nano: -diem, balance_after_nano: left }, at),
-            );
-          }
-          if (usd > 0n) {
-            usdBalance -= usd;
-            values.push(
-              entryValues(
-                { ...common, currency: 'USD', amount_nano: -usd, balance_after_nano: usdBalance },
-                at,
-              ),
-            );
-          }
-        }
+        const values = chargeEntries(
+          parts,
+          {
+            accountId: reservation.accountId,
+            apiKeyId: row.api_key_id,
+            reservationId: row.id,
+            requestId: row.request_id,
+            modelId: row.model_id,
+          },
+          {
+            diemStakeNano: account.diem_stake_nano,
+            diemUsedNano: usage.usedNano,
+            // The balance before this capture: the update above already took the USD charged off it.
+            usdBalanceNano: account.usd_balance_nano + usdCharged,
+          },
+          at,
+        );
         const entries = await insertEntries(trx, values);
         await bumpDiem(trx, reservation.accountId, reservation.epochDay, {
           usedNano: diemCharged,

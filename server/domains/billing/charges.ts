@@ -42,6 +42,9 @@ export function paymentError(error: unknown): ApiError | undefined {
 
 export type Charges = ReturnType<typeof createCharges>;
 
+/** What a caller holds money for. */
+type HoldInput = { amountNano: bigint; requestId: string; modelId?: string | null };
+
 export function createCharges(deps: ChargesDeps) {
   /** What a failed reservation answers: a wallet short of balance gets the 402 with what to pay. */
   const refusal = (principal: Principal, amountNano: bigint, error: unknown): unknown =>
@@ -49,21 +52,21 @@ export function createCharges(deps: ChargesDeps) {
       ? deps.walletPaymentRequired(principal, amountNano, error)
       : (paymentError(error) ?? error);
 
+  /** The ledger's reservation of `amountNano` for the caller (charged to its key, when it used one). */
+  const reserveInput = (principal: Principal, input: HoldInput) => ({
+    accountId: principal.accountId,
+    apiKeyId: principal.kind === 'apiKey' ? principal.keyId : null,
+    amountNano: input.amountNano,
+    requestId: input.requestId,
+    modelId: input.modelId ?? null,
+    ttlMs: deps.reservationTtlMs,
+  });
+
   return {
     /** Reserves `amountNano` for the caller, or throws the 402 to answer with. */
-    async reserve(
-      principal: Principal,
-      input: { amountNano: bigint; requestId: string; modelId?: string | null },
-    ): Promise<Reservation> {
+    async reserve(principal: Principal, input: HoldInput): Promise<Reservation> {
       try {
-        const { reservation } = await deps.ledger.reserve({
-          accountId: principal.accountId,
-          apiKeyId: principal.kind === 'apiKey' ? principal.keyId : null,
-          amountNano: input.amountNano,
-          requestId: input.requestId,
-          modelId: input.modelId ?? null,
-          ttlMs: deps.reservationTtlMs,
-        });
+        const { reservation } = await deps.ledger.reserve(reserveInput(principal, input));
         return reservation;
       } catch (error) {
         throw refusal(principal, input.amountNano, error);
@@ -87,21 +90,11 @@ export function createCharges(deps: ChargesDeps) {
      */
     async reserveWith<T>(
       principal: Principal,
-      input: { amountNano: bigint; requestId: string; modelId?: string | null },
+      input: HoldInput,
       within: (trx: Transaction<Tables>) => Promise<T>,
     ): Promise<{ reservation: Reservation; within: T }> {
       try {
-        return await deps.ledger.reserveWith(
-          {
-            accountId: principal.accountId,
-            apiKeyId: principal.kind === 'apiKey' ? principal.keyId : null,
-            amountNano: input.amountNano,
-            requestId: input.requestId,
-            modelId: input.modelId ?? null,
-            ttlMs: deps.reservationTtlMs,
-          },
-          within,
-        );
+        return await deps.ledger.reserveWith(reserveInput(principal, input), within);
       } catch (error) {
         throw refusal(principal, input.amountNano, error);
       }

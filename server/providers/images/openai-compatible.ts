@@ -8,7 +8,13 @@
  * policy, 400/404/422 the upstream's refusal, the rest failed).
  */
 import sharp from 'sharp';
-import { readBodyCapped, redactSecret, redactUrl, upstreamError } from '../http.ts';
+import {
+  readBodyCapped,
+  redactSecret,
+  redactUrl,
+  type UpstreamAdapterOptions,
+  upstreamError,
+} from '../http.ts';
 import {
   type ImageProvider,
   ImageProviderError,
@@ -16,20 +22,10 @@ import {
   type ImageProviderResult,
 } from './types.ts';
 
-export type OpenAiCompatibleImageOptions = {
-  name: string;
-  baseUrl: string;
-  apiKey?: string;
-  upstreamModel: string;
-  /** Longest wait for the whole answer. */
-  timeoutMs: number;
-  /** Most bytes read from one answer. */
-  maxBytes?: number;
+/** The shared adapter options (here `timeoutMs` bounds the whole answer), and a cap on returned pixels. */
+export type OpenAiCompatibleImageOptions = UpstreamAdapterOptions & {
   /** Most pixels accepted in one returned image. */
   maxPixels?: number;
-  fetch?: typeof fetch;
-  /** Latency and outcome of each call (metrics). */
-  observe?(outcome: string, seconds: number): void;
 };
 
 /** The sizes OpenAI-compatible servers accept, as [width, height]. */
