@@ -131,20 +131,27 @@ try {
   await new Promise((resolve) => setTimeout(resolve, 50));
   console.log(`${recording.length} statements:\n${recording.map((s) => `  ${s.slice(0, 150)}`).join('\n')}`);
   recording = undefined;
+  // BENCH_PROFILE=0: no profiler (its sampling costs a third of the CPU figure).
+  const profiling = process.env.BENCH_PROFILE !== '0';
   const session = new Session();
-  session.connect();
-  await session.post('Profiler.enable');
-  await session.post('Profiler.setSamplingInterval', { interval: 100 });
-  await session.post('Profiler.start');
+  if (profiling) {
+    session.connect();
+    await session.post('Profiler.enable');
+    await session.post('Profiler.setSamplingInterval', { interval: 100 });
+    await session.post('Profiler.start');
+  }
   const times: number[] = [];
   const cpuBefore = process.cpuUsage();
   for (let i = 0; i < count; i++) times.push(await once());
   const cpu = process.cpuUsage(cpuBefore);
-  const { profile } = await session.post('Profiler.stop');
-  const outDir = join(repoRoot, 'bench', 'results', 'profile-inproc');
-  rmSync(outDir, { recursive: true, force: true });
-  mkdirSync(outDir, { recursive: true });
-  writeFileSync(join(outDir, `${target}.cpuprofile`), JSON.stringify(profile));
+  console.log(`user ${(cpu.user / count).toFixed(0)} µs, system ${(cpu.system / count).toFixed(0)} µs per request`);
+  if (profiling) {
+    const { profile } = await session.post('Profiler.stop');
+    const outDir = join(repoRoot, 'bench', 'results', 'profile-inproc');
+    rmSync(outDir, { recursive: true, force: true });
+    mkdirSync(outDir, { recursive: true });
+    writeFileSync(join(outDir, `${target}.cpuprofile`), JSON.stringify(profile));
+  }
   for (const [key, { us, n }] of [...sqlTimes].sort((a, b) => b[1].us - a[1].us)) {
     console.log(`${(us / n).toFixed(1).padStart(8)} µs x${n} ${key}`);
   }
@@ -153,7 +160,7 @@ try {
   const mean = times.reduce((a, b) => a + b, 0) / times.length;
   console.log(
     `${target}: ${count} requests, mean ${mean.toFixed(0)} µs, p50 ${at(0.5)} µs, p99 ${at(0.99)} µs; ` +
-      `CPU of this process (server and client, profiler on) ${((cpu.user + cpu.system) / count).toFixed(0)} µs per request`,
+      `CPU of this process (server and client, profiler ${profiling ? 'on' : 'off'}) ${((cpu.user + cpu.system) / count).toFixed(0)} µs per request`,
   );
 } finally {
   server.close();
