@@ -6,12 +6,14 @@
  *   -> express-openapi-validator (shape, 404/405/415; responses too when enabled) -> the typed handler of the operation
  *   -> one error handler writing the interface's error bodies.
  *
- * Handlers are looked up by the operationId the validator matched, so the spec is the router.
+ * Handlers are looked up by the operationId the validator matched, so the spec is the router. The steps from
+ * authentication to dispatch run as one Express layer (http/pipeline.ts): the router's per-layer matching
+ * would otherwise run a dozen times per request.
  */
 import { randomBytes } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
 import compression from 'compression';
-import express, { type NextFunction, type Request, type Response } from 'express';
+import express, { type NextFunction, type Request, type RequestHandler, type Response } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
@@ -21,6 +23,7 @@ import type { Handler, HandlerContext, HandlerTable, Reply, ReplyHeaders } from 
 import { ApiError, toValidationDetails } from './http/errors.ts';
 import { refuseNonFiniteParameters } from './http/finite-numbers.ts';
 import { limitJsonDepth } from './http/json-depth.ts';
+import { pathBelowBase, rememberRouteMatches, sequence, underBasePath } from './http/pipeline.ts';
 import { memoizeRouteRegexps } from './http/route-regexps.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
 import type { Metrics } from './observability/metrics.ts';
@@ -181,8 +184,8 @@ export function createApp(deps: AppDeps): express.Express {
   deps.mountRoutes?.(app);
 
   // Authentication, from the operation's `security` in the spec.
-  app.use(BASE_PATH, (req, res, next) => {
-    const op = contract.match(req.method, req.path);
+  const authenticate = underBasePath((req, res, next) => {
+    const op = contract.match(req.method, pathBelowBase(req.path));
     if (!op) return next();
     const locals = res.locals as Locals;
     locals.operationId = op.operationId;
@@ -207,14 +210,14 @@ export function createApp(deps: AppDeps): express.Express {
     );
   });
 
-  app.use(
-    express.json({ limit: config.jsonBodyLimitBytes, type: ['application/json', 'application/*+json'] }),
-  );
-  app.use(limitJsonDepth);
+  const parseJson = express.json({
+    limit: config.jsonBodyLimitBytes,
+    type: ['application/json', 'application/*+json'],
+  });
 
   // What the client wrote, before the validator fills in defaults (one level deep: the validator adds keys to
   // nested objects in place): chat tells a sent `service_parameters` option from a default with it.
-  app.use((req, res, next) => {
+  const recordSentBody: RequestHandler = (req, res, next) => {
     const body: unknown = req.body;
     if (body && typeof body === 'object' && !Array.isArray(body)) {
       (res.locals as Locals).sentBody = Object.fromEntries(
@@ -225,7 +228,7 @@ export function createApp(deps: AppDeps): express.Express {
       );
     }
     next();
-  });
+  };
 
   memoizeRouteRegexps();
   const validator = OpenApiValidator.middleware({
@@ -246,11 +249,12 @@ export function createApp(deps: AppDeps): express.Express {
     0,
     coerceMultipartFields(contract.document),
   );
-  app.use(validator);
-  app.use(refuseNonFiniteParameters);
+  const metadata = validator.findIndex((m) => m.name === 'metadataMiddleware');
+  const matchRoute = validator[metadata];
+  if (matchRoute) validator[metadata] = rememberRouteMatches(matchRoute) as RequestHandler;
 
   // Dispatch to the operation's handler.
-  app.use(BASE_PATH, (req, res, next) => {
+  const dispatch = underBasePath((req, res, next) => {
     const openapi = (
       req as Request & { openapi?: { schema?: { operationId?: string }; pathParams?: object } }
     ).openapi;
@@ -306,6 +310,19 @@ export function createApp(deps: AppDeps): express.Express {
         (error: unknown) => next(error),
       );
   });
+
+  // One Express layer for the whole contract path (see http/pipeline.ts): the same steps, in this order.
+  app.use(
+    sequence([
+      authenticate,
+      parseJson,
+      limitJsonDepth,
+      recordSentBody,
+      ...validator,
+      refuseNonFiniteParameters,
+      dispatch,
+    ]),
+  );
 
   app.use((error: unknown, req: Request, res: Response, _next: NextFunction) => {
     const locals = res.locals as Locals;

@@ -1,0 +1,105 @@
+/**
+ * The request pipeline of the contract's operations as one Express layer instead of one layer per step.
+ *
+ * Express 5's router matches every layer's mount path for every request, rewrites `req.url` in and out of
+ * each mounted layer, and hops through its `next` machinery between them: about a dozen times per request
+ * here (authentication, body parser, depth limit, the validator's six middlewares, dispatch). `sequence`
+ * runs the same middleware functions in the same order, with Express's own contract for each of them (a
+ * synchronous throw or a rejected returned promise becomes `next(error)`), and hands the request back to
+ * the router only at the end: `done()` to go on, `done(error)` for the error handler.
+ *
+ * `underBasePath` keeps a step to the paths an `app.use(BASE_PATH, step)` would have given it, with the
+ * same case-insensitive prefix rule; its step sees the full path (`req.path`), not one relative to the base.
+ *
+ * `rememberRouteMatches` puts a bounded cache in front of express-openapi-validator's metadata middleware,
+ * which otherwise compares the request's path with every route of the spec on every request: the match is
+ * a pure function of the method and the path, so it is looked up once per (method, path) and copied.
+ */
+import type { NextFunction, Request, RequestHandler, Response } from 'express';
+import { BASE_PATH } from './spec.ts';
+
+type Step = (req: Request, res: Response, next: NextFunction) => unknown;
+
+/** Runs `steps` in order as one middleware, each getting a `next` to the following one. */
+export function sequence(steps: readonly Step[]): RequestHandler {
+  return (req, res, done) => {
+    let index = 0;
+    const next = (error?: unknown) => {
+      if (error !== undefined && error !== null) {
+        done(error);
+        return;
+      }
+      const step = steps[index++];
+      if (!step) {
+        done();
+        return;
+      }
+      try {
+        const result = step(req, res, next as NextFunction);
+        if (result && typeof (result as Promise<unknown>).then === 'function') {
+          (result as Promise<unknown>).then(undefined, (failure: unknown) => {
+            next(failure ?? new Error('Rejected promise'));
+          });
+        }
+      } catch (failure) {
+        next(failure);
+      }
+    };
+    next();
+  };
+}
+
+const BASE_LENGTH = BASE_PATH.length;
+
+/** Whether Express would mount `app.use(BASE_PATH, …)` on this path: the prefix, case-insensitive, then `/` or the end. */
+export function isUnderBasePath(path: string): boolean {
+  if (path.length > BASE_LENGTH && path.charCodeAt(BASE_LENGTH) !== 47 /* '/' */) return false;
+  return path.length >= BASE_LENGTH && path.slice(0, BASE_LENGTH).toLowerCase() === BASE_PATH;
+}
+
+/** The path below the base path, as a step mounted on it would see it (`/` for the base itself). */
+export function pathBelowBase(path: string): string {
+  return path.length === BASE_LENGTH ? '/' : path.slice(BASE_LENGTH);
+}
+
+/** `step` for the paths under the base path; the others go straight on. */
+export function underBasePath(step: Step): Step {
+  return (req, res, next) => (isUnderBasePath(req.path) ? step(req, res, next) : next());
+}
+
+type OpenApiMatch = { pathParams?: Record<string, string> } & Record<string, unknown>;
+type WithOpenApi = Request & { openapi?: OpenApiMatch };
+
+const MAX_REMEMBERED = 2_000;
+
+/**
+ * The validator's metadata middleware with its route matches remembered by method and path. A request whose
+ * path matched before gets a fresh copy of that match (its path parameters are its own object: the
+ * validator coerces them in place); the rest (unmatched, ignored, 404, 405) go through the original every
+ * time. The cache is emptied when it is full, so a client cannot grow it without bound.
+ */
+export function rememberRouteMatches(metadata: Step): Step {
+  const remembered = new Map<string, OpenApiMatch>();
+  return (req, res, next) => {
+    const request = req as WithOpenApi;
+    const url = req.originalUrl;
+    const query = url.indexOf('?');
+    const key = `${req.method} ${query < 0 ? url : url.slice(0, query)}`;
+    const match = remembered.get(key);
+    if (match) {
+      const pathParams = { ...match.pathParams };
+      request.openapi = { ...match, pathParams };
+      req.params = pathParams;
+      next();
+      return;
+    }
+    return metadata(req, res, (error?: unknown) => {
+      const found = request.openapi;
+      if ((error === undefined || error === null) && found) {
+        if (remembered.size >= MAX_REMEMBERED) remembered.clear();
+        remembered.set(key, { ...found, pathParams: { ...found.pathParams } });
+      }
+      next(error as Error);
+    });
+  };
+}

@@ -1,0 +1,141 @@
+/**
+ * The one-layer request pipeline (server/http/pipeline.ts): steps run in order with Express's contract for
+ * errors, the base-path rule matches Express's mount rule, and remembered route matches are copies that
+ * behave like the validator's own.
+ */
+import type { NextFunction, Request, Response } from 'express';
+import { describe, expect, test } from 'vitest';
+import {
+  isUnderBasePath,
+  pathBelowBase,
+  rememberRouteMatches,
+  sequence,
+  underBasePath,
+} from '../../server/http/pipeline.ts';
+
+type Step = (req: Request, res: Response, next: NextFunction) => unknown;
+const res = {} as Response;
+
+function run(steps: Step[], req: Partial<Request> = {}): Promise<unknown> {
+  return new Promise((resolve) => {
+    sequence(steps)(req as Request, res, ((error?: unknown) => resolve(error ?? 'done')) as NextFunction);
+  });
+}
+
+describe('sequence', () => {
+  test('runs every step in order, synchronous and asynchronous, then goes on', async () => {
+    const seen: string[] = [];
+    const outcome = await run([
+      (_q, _s, next) => {
+        seen.push('a');
+        next();
+      },
+      (_q, _s, next) => {
+        seen.push('b');
+        setTimeout(next, 1);
+      },
+      async (_q, _s, next) => {
+        await Promise.resolve();
+        seen.push('c');
+        next();
+      },
+    ]);
+    expect(seen).toEqual(['a', 'b', 'c']);
+    expect(outcome).toBe('done');
+  });
+
+  test('next(error), a throw and a rejected promise each stop the sequence with that error', async () => {
+    const boom = new Error('boom');
+    const after: string[] = [];
+    const last: Step = (_q, _s, next) => {
+      after.push('ran');
+      next();
+    };
+    expect(await run([(_q, _s, next) => next(boom), last])).toBe(boom);
+    expect(
+      await run([
+        () => {
+          throw boom;
+        },
+        last,
+      ]),
+    ).toBe(boom);
+    expect(await run([() => Promise.reject(boom), last])).toBe(boom);
+    expect(after).toEqual([]);
+  });
+});
+
+describe('the base-path rule', () => {
+  test('like app.use(BASE_PATH): the prefix in any case, then a slash or the end', () => {
+    expect(isUnderBasePath('/api/v1')).toBe(true);
+    expect(isUnderBasePath('/api/v1/')).toBe(true);
+    expect(isUnderBasePath('/api/v1/chat/completions')).toBe(true);
+    expect(isUnderBasePath('/API/V1/models')).toBe(true);
+    expect(isUnderBasePath('/api/v1x/models')).toBe(false);
+    expect(isUnderBasePath('/api/v')).toBe(false);
+    expect(isUnderBasePath('/healthz')).toBe(false);
+    expect(pathBelowBase('/api/v1')).toBe('/');
+    expect(pathBelowBase('/api/v1/models')).toBe('/models');
+  });
+
+  test('underBasePath skips its step elsewhere', async () => {
+    const seen: string[] = [];
+    const step = underBasePath((req, _s, next) => {
+      seen.push(req.path);
+      next();
+    });
+    await run([step], { path: '/healthz' });
+    await run([step], { path: '/api/v1/models' });
+    expect(seen).toEqual(['/api/v1/models']);
+  });
+});
+
+describe('rememberRouteMatches', () => {
+  type Req = Request & { openapi?: { pathParams: Record<string, string>; expressRoute: string } };
+  function validatorMetadata() {
+    const calls: string[] = [];
+    const step: Step = (req, _s, next) => {
+      calls.push(req.originalUrl);
+      const [, network] = /^\/api\/v1\/crypto\/rpc\/([^/?]+)/.exec(req.originalUrl) ?? [];
+      if (network === 'nowhere') return next(Object.assign(new Error('not found'), { status: 404 }));
+      if (network) {
+        (req as Req).openapi = { expressRoute: '/api/v1/crypto/rpc/:network', pathParams: { network } };
+      }
+      next();
+    };
+    return { calls, step };
+  }
+  const request = (originalUrl: string, method = 'POST') => ({ originalUrl, method }) as Req;
+
+  test('a path matched once is not matched again; each request gets its own copy', async () => {
+    const { calls, step } = validatorMetadata();
+    const remembered = rememberRouteMatches(step);
+    const first = request('/api/v1/crypto/rpc/base-mainnet');
+    const second = request('/api/v1/crypto/rpc/base-mainnet?x=1');
+    const other = request('/api/v1/crypto/rpc/eth-mainnet');
+    for (const req of [first, second, other]) await run([remembered], req);
+    expect(calls).toEqual(['/api/v1/crypto/rpc/base-mainnet', '/api/v1/crypto/rpc/eth-mainnet']);
+    expect(second.openapi).toEqual(first.openapi);
+    expect(second.openapi).not.toBe(first.openapi);
+    expect(second.params).toBe(second.openapi?.pathParams);
+    // The validator coerces path parameters in place: one request's change is not the next one's.
+    (second.openapi as { pathParams: Record<string, string> }).pathParams.network = 'changed';
+    const third = request('/api/v1/crypto/rpc/base-mainnet');
+    await run([remembered], third);
+    expect(third.openapi?.pathParams).toEqual({ network: 'base-mainnet' });
+    expect(other.openapi?.pathParams).toEqual({ network: 'eth-mainnet' });
+  });
+
+  test('errors and unmatched paths are not remembered; the method is part of the key', async () => {
+    const { calls, step } = validatorMetadata();
+    const remembered = rememberRouteMatches(step);
+    const failure = await run([remembered], request('/api/v1/crypto/rpc/nowhere'));
+    expect(failure).toMatchObject({ status: 404 });
+    await run([remembered], request('/api/v1/crypto/rpc/nowhere'));
+    await run([remembered], request('/elsewhere'));
+    await run([remembered], request('/elsewhere'));
+    await run([remembered], request('/api/v1/crypto/rpc/base-mainnet', 'POST'));
+    await run([remembered], request('/api/v1/crypto/rpc/base-mainnet', 'GET'));
+    expect(calls).toHaveLength(6);
+  });
+});
