@@ -375,17 +375,35 @@ async function writeReply(
     return;
   }
   const json = reply as { status: number; body: unknown };
-  // Response validation hooks res.json: a validating server always goes through it.
-  if (reuseSerialized && json.body && typeof json.body === 'object' && Object.isFrozen(json.body)) {
-    let text = serializedBodies.get(json.body);
-    if (text === undefined) {
-      text = JSON.stringify(json.body);
-      serializedBodies.set(json.body, text);
-    }
-    res.status(json.status).type('application/json').send(text);
+  // Response validation hooks res.json: a validating server always goes through it. So do the answers
+  // Express shapes itself (HEAD, 204/304, no body, a Content-Type to give a charset).
+  const { status, body } = json;
+  if (
+    !reuseSerialized ||
+    body === undefined ||
+    status === 204 ||
+    status === 304 ||
+    res.req.method === 'HEAD' ||
+    res.hasHeader('Content-Type')
+  ) {
+    res.status(status).json(body);
     return;
   }
-  res.status(json.status).json(json.body);
+  let text: string | undefined;
+  if (body && typeof body === 'object' && Object.isFrozen(body)) {
+    text = serializedBodies.get(body);
+    if (text === undefined) {
+      text = JSON.stringify(body);
+      serializedBodies.set(body, text);
+    }
+  } else {
+    text = JSON.stringify(body);
+  }
+  // What res.json then res.send write for a JSON text (no ETag: disabled), without their layers.
+  res.statusCode = status;
+  res.setHeader('Content-Type', 'application/json; charset=utf-8');
+  res.setHeader('Content-Length', Buffer.byteLength(text));
+  res.end(text);
 }
 
 type HttpErrorLike = {

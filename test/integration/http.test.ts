@@ -342,6 +342,44 @@ describe('CORS and compression', () => {
     }
   });
 
+  test('behavior: without response validation a JSON answer is written directly, with the headers res.json gives', async () => {
+    // Over compression's 1 kB threshold, with characters of two and three bytes.
+    const data = Array.from({ length: 60 }, (_, i) => ({ id: `modèle-ünïcode-✓-${i}` }));
+    const body = { object: 'list', type: 'text', data } as unknown as never;
+    const production = await startTestApp({
+      env: { VALIDATE_RESPONSES: 'false' },
+      handlers: { listModels: async () => ({ status: 200, body }) },
+    });
+    try {
+      const { request } = await import('node:http');
+      const call = (method: string, headers: Record<string, string> = {}) =>
+        new Promise<{ status?: number; headers: Record<string, unknown>; body: Buffer }>(
+          (resolve, reject) => {
+            request(`${production.url}/models`, { method, headers }, (res) => {
+              const parts: Buffer[] = [];
+              res.on('data', (c: Buffer) => parts.push(c));
+              res.on('end', () =>
+                resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(parts) }),
+              );
+            })
+              .on('error', reject)
+              .end();
+          },
+        );
+      const plain = await call('GET');
+      expect(plain.status).toBe(200);
+      expect(plain.headers['content-type']).toBe('application/json; charset=utf-8');
+      expect(plain.headers['content-length']).toBe(String(Buffer.byteLength(JSON.stringify(body))));
+      expect(plain.body.toString()).toBe(JSON.stringify(body));
+      expect(plain.headers['cf-ray']).toEqual(expect.any(String));
+      const zipped = await call('GET', { 'accept-encoding': 'gzip' });
+      expect(zipped.headers['content-encoding']).toBe('gzip');
+      expect(gunzipSync(zipped.body).equals(plain.body)).toBe(true);
+    } finally {
+      await production.close();
+    }
+  });
+
   test('behavior: an event stream is never compressed', async () => {
     const r = await fetch(`${app.url}/chat/completions`, {
       method: 'POST',
