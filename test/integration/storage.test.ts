@@ -1114,6 +1114,20 @@ describe.each(engines)('storage on %s', (engine, open) => {
       expect(await limits.pruneEvents(T0 + 1)).toBeGreaterThanOrEqual(1);
       expect((await limits.listEvents(account.id)).map((e) => e.limitType)).toEqual(['RPD', 'TPM']);
     });
+
+    test("behavior: a hit in the caller's transaction commits with it, and a rollback takes it back", async () => {
+      const peek = () => limits.peek({ bucket: 'trx:TPM', windowMs: 60_000, limit: 1_000, now: T0 });
+      await database.transaction((trx) =>
+        limits.hit({ bucket: 'trx:TPM', windowMs: 60_000, limit: 1_000, cost: 40, now: T0 }, trx),
+      );
+      expect((await peek()).used).toBe(40);
+      const undone = database.transaction(async (trx) => {
+        await limits.hit({ bucket: 'trx:TPM', windowMs: 60_000, limit: 1_000, cost: 7, now: T0 }, trx);
+        throw new Error('the capture failed');
+      });
+      await expect(undone).rejects.toThrow('the capture failed');
+      expect((await peek()).used).toBe(40);
+    });
   });
 
   describe('idempotency', () => {
