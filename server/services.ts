@@ -167,8 +167,8 @@ export async function createServices(
     charges,
     isPro,
     providerFor: createChatProviders({ config, metrics }),
-    consumeTokens: async (principal, modelId, tokens) =>
-      limiter.consumeTokens(principal, await tierOf(principal.accountId), modelId, tokens),
+    tokenCount: async (principal, modelId, tokens) =>
+      limiter.tokenCount(principal, await tierOf(principal.accountId), modelId, tokens),
     convertFile: createFileConverter(),
     web: {
       scraper: createScraper(config.scrape),

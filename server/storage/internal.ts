@@ -2,7 +2,7 @@
  * Small helpers shared by the repositories: value conversions that make both engines return the same domain
  * types, UTC day arithmetic for the DIEM epoch and key limit periods, and driver error classification.
  */
-import { randomUUID } from 'node:crypto';
+import { randomFillSync } from 'node:crypto';
 import type { Compilable, CompiledQuery, QueryResult } from 'kysely';
 import { InvalidInputError } from './errors.ts';
 
@@ -15,7 +15,86 @@ export type RepositoryOptions = {
 };
 
 export function resolveOptions(options: RepositoryOptions = {}): Required<RepositoryOptions> {
-  return { now: options.now ?? Date.now, randomId: options.randomId ?? randomUUID };
+  const now = options.now ?? Date.now;
+  return { now, randomId: options.randomId ?? timeOrderedIds(now) };
+}
+
+const HEX = Array.from({ length: 256 }, (_, byte) => byte.toString(16).padStart(2, '0'));
+const hexOf = (byte: number | undefined) => HEX[byte as number] as string;
+/** 2^26: the ids one millisecond holds before the next one is borrowed. */
+const COUNTER_SPAN = 0x4000000;
+const MAX_MS = 2 ** 48 - 1;
+
+/**
+ * A source of time-ordered ids (RFC 9562 UUIDv7, lowercase): 48 bits of the clock's milliseconds, the version
+ * nibble 7, a 26-bit counter (12 bits before the variant bits `10`, 14 after), then 48 random bits. New rows
+ * of a table keyed by these ids land at the end of its primary-key B-tree (and of the indexes that lead with
+ * the id) instead of on a random leaf, so an insert touches the pages the previous one touched: fewer pages
+ * read and dirtied per write, and tables of millions of rows stay dense.
+ *
+ * Ids of one source are strictly increasing: within a millisecond (or when the clock steps back) the counter
+ * counts on from the previous id; each new millisecond starts it at a random value below 2^25, so ids from
+ * several processes in the same millisecond still differ in 73 random bits. After at least 2^25 ids in one
+ * millisecond the source takes the next millisecond early (RFC 9562, 6.2). The randomness is node:crypto's,
+ * drawn in blocks; ids reveal the millisecond their row was created, which every such row also stores.
+ */
+export function timeOrderedIds(
+  clock: () => number = Date.now,
+  /** How many counter values one millisecond holds: a power of two up to 2^26 (tests lower it). */
+  counterSpan = COUNTER_SPAN,
+): () => string {
+  if (!Number.isInteger(Math.log2(counterSpan)) || counterSpan < 2 || counterSpan > COUNTER_SPAN)
+    throw new RangeError('counterSpan must be a power of two from 2 to 2^26');
+  const seedMask = counterSpan / 2 - 1;
+  const pool = Buffer.allocUnsafe(10 * 256);
+  let offset = pool.length;
+  let lastMs = -1;
+  let counter = 0;
+  return () => {
+    if (offset === pool.length) {
+      randomFillSync(pool);
+      offset = 0;
+    }
+    let ms = Math.min(MAX_MS, Math.max(0, Math.floor(clock())));
+    if (ms > lastMs) {
+      // A fresh start below half the span: room for 2^25 more ids in this millisecond.
+      counter = pool.readUInt32BE(offset) & seedMask;
+    } else {
+      ms = lastMs;
+      counter++;
+      if (counter === counterSpan) {
+        ms = Math.min(MAX_MS, lastMs + 1);
+        counter = pool.readUInt32BE(offset) & seedMask;
+      }
+    }
+    lastMs = ms;
+    const high = Math.floor(ms / 0x100000000);
+    const low = ms % 0x100000000;
+    const r = offset + 4;
+    offset += 10;
+    return (
+      hexOf((high >>> 8) & 0xff) +
+      hexOf(high & 0xff) +
+      hexOf(low >>> 24) +
+      hexOf((low >>> 16) & 0xff) +
+      '-' +
+      hexOf((low >>> 8) & 0xff) +
+      hexOf(low & 0xff) +
+      '-' +
+      hexOf(0x70 | (counter >>> 22)) +
+      hexOf((counter >>> 14) & 0xff) +
+      '-' +
+      hexOf(0x80 | ((counter >>> 8) & 0x3f)) +
+      hexOf(counter & 0xff) +
+      '-' +
+      hexOf(pool[r]) +
+      hexOf(pool[r + 1]) +
+      hexOf(pool[r + 2]) +
+      hexOf(pool[r + 3]) +
+      hexOf(pool[r + 4]) +
+      hexOf(pool[r + 5])
+    );
+  };
 }
 
 /** An integer column as a JS number (SQLite gives bigint, PostgreSQL number or bigint). */

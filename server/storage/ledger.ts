@@ -188,6 +188,9 @@ export type LedgerTotals = {
 
 export type LedgerRepository = ReturnType<typeof createLedger>;
 
+/** `'held'` as a literal of the SQL text: the partial indexes of held reservations need it (migration 0017). */
+const HELD = sql.lit('held' as const);
+
 type Executor = Kysely<Tables> | Transaction<Tables>;
 type NewEntry = Required<Insertable<LedgerEntriesTable>>;
 
@@ -459,7 +462,8 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
           eb.fn.sum<string | bigint | null>('diem_nano').as('diem'),
         ])
         .where('api_key_id', '=', apiKeyId)
-        .where('status', '=', 'held')
+        // A literal, so that both engines use the partial index of held reservations.
+        .where('status', '=', HELD)
         .executeTakeFirstOrThrow();
       usdNano += toBigInt(held.usd);
       diemNano += toBigInt(held.diem);
@@ -1036,7 +1040,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         const due = await db
           .selectFrom('reservations')
           .select('id')
-          .where('status', '=', 'held')
+          .where('status', '=', HELD)
           .where('expires_at_ms', '<=', at)
           .orderBy('expires_at_ms')
           .limit(200)

@@ -20,7 +20,13 @@
 import type { Selectable } from 'kysely';
 import type { Database } from './database.ts';
 import { InvalidInputError } from './errors.ts';
-import { compiledOnce, type RepositoryOptions, resolveOptions, toNumber } from './internal.ts';
+import {
+  compiledOnce,
+  type RepositoryOptions,
+  resolveOptions,
+  type StatementRunner,
+  toNumber,
+} from './internal.ts';
 import type { RateLimitEventsTable } from './schema.ts';
 
 export type HitInput = {
@@ -148,8 +154,8 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       .returning('used'),
   );
 
-  async function current(bucket: string, windowStart: number): Promise<number> {
-    const [row] = await selectUsed(db, bucket, windowStart);
+  async function current(bucket: string, windowStart: number, runner: StatementRunner = db): Promise<number> {
+    const [row] = await selectUsed(runner, bucket, windowStart);
     return row ? toNumber(row.used) : 0;
   }
 
@@ -205,8 +211,11 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
   );
 
   return {
-    /** Counts `cost` units against the bucket's current window if they fit under `limit` (see the module comment). */
-    async hit(input: HitInput): Promise<HitResult> {
+    /**
+     * Counts `cost` units against the bucket's current window if they fit under `limit` (see the module
+     * comment): on its own, or as a statement of the caller's transaction `runner` (committed with it).
+     */
+    async hit(input: HitInput, runner: StatementRunner = db): Promise<HitResult> {
       const windowMs = positiveInteger('windowMs', input.windowMs);
       const limit = positiveInteger('limit', input.limit, true);
       const cost = positiveInteger('cost', input.cost ?? 1, true);
@@ -219,10 +228,10 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
         resetAtMs,
       });
       // Nothing can fit: answer without writing (an insert would count the first hit unconditionally).
-      if (cost > limit) return result(await current(input.bucket, start), false);
-      const [row] = await countHit(db, input.bucket, start, cost, limit);
+      if (cost > limit) return result(await current(input.bucket, start, runner), false);
+      const [row] = await countHit(runner, input.bucket, start, cost, limit);
       if (row) return result(toNumber(row.used), true);
-      return result(await current(input.bucket, start), false);
+      return result(await current(input.bucket, start, runner), false);
     },
 
     /**

@@ -122,6 +122,33 @@ describe('createRateLimiter().admit', () => {
     expect((await rateLimits.listEvents(principal.accountId))[0]?.limitType).toBe('TPM');
   });
 
+  test("behavior: tokenCount counts the tokens in the caller's transaction, or nothing when there is nothing to count", async () => {
+    nowMs = T0 + 240_000;
+    const count = limiter.tokenCount(principal, 'paid', MODEL, 30);
+    expect(count).toBeTypeOf('function');
+    await expect(
+      database.transaction(async (trx) => {
+        await count?.(trx);
+        throw new Error('rolled back');
+      }),
+    ).rejects.toThrow('rolled back');
+    expect(await used('TPM')).toBe(0);
+    await database.transaction(async (trx) => count?.(trx));
+    expect(await used('TPM')).toBe(30);
+    // Counted in the window the request finished in, even when the statement runs in a later one.
+    const late = limiter.tokenCount(principal, 'paid', MODEL, 5);
+    nowMs = T0 + 300_000;
+    await late?.();
+    expect(await used('TPM')).toBe(0);
+    nowMs = T0 + 240_000;
+    expect(await used('TPM')).toBe(35);
+    // Nothing to count: no tokens, a figure that is not a whole number, a model without a token limit.
+    expect(limiter.tokenCount(principal, 'paid', MODEL, 0)).toBeUndefined();
+    expect(limiter.tokenCount(principal, 'paid', MODEL, 2.5)).toBeUndefined();
+    expect(limiter.tokenCount(principal, 'paid', MODEL, Number.NaN)).toBeUndefined();
+    expect(limiter.tokenCount(principal, 'paid', 'no-such-model', 30)).toBeUndefined();
+  });
+
   test('behavior: a request without a catalogue model is counted in the management window', async () => {
     const { headers } = await limiter.admit(principal, 'paid', undefined);
     expect(headers).toMatchObject({

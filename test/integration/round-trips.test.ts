@@ -101,8 +101,9 @@ const reservation = (tx: string[]) => tx.some((s) => s.startsWith('insert into "
 const capture = (tx: string[]) => tx.some((s) => s.startsWith('insert into "ledger_entries"'));
 
 // Statements inside a transaction, `begin` and `commit` not counted. A reservation: lock the account (with the
-// key's spend limits), insert the reservation, raise the reserved amount. A capture: lock the account, claim
-// the reservation, insert the entries (one statement), settle the balance.
+// key's spend limits), insert the reservation, raise the reserved amount. A chat's capture, knowing the
+// reservation's figures: settle the account (the update locks it), claim the reservation, insert the entries
+// (one statement), count the tokens per minute.
 const RESERVE = 3;
 const CAPTURE = 4;
 // A JSON-RPC call: two transactions. Before the node is asked, the reservation with the credit cap's take (one
@@ -112,8 +113,8 @@ const RPC_RESERVE = 4;
 const RPC_CAPTURE = 3;
 
 const engines = [
-  { name: 'SQLite', url: () => `sqlite:${join(scratch, 'db.sqlite')}`, chat: 14, rpc: 13 },
-  { name: 'PostgreSQL', url: () => postgres.createDatabase('round_trips'), chat: 14, rpc: 13 },
+  { name: 'SQLite', url: () => `sqlite:${join(scratch, 'db.sqlite')}`, chat: 13, rpc: 13 },
+  { name: 'PostgreSQL', url: () => postgres.createDatabase('round_trips'), chat: 13, rpc: 13 },
 ];
 
 describe.each(engines)('round trips on $name', ({ url, chat: chatStatements, rpc: rpcStatements }) => {
@@ -156,9 +157,13 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatStatements, rpc
     const txs = transactions(statements);
     expect(txs.filter(reservation).map((tx) => tx.length)).toEqual([RESERVE]);
     expect(txs.filter(capture).map((tx) => tx.length)).toEqual([CAPTURE]);
-    // The rate limits: one statement admits the request in all its windows, one counts its tokens after it.
+    // The rate limits: one statement admits the request in all its windows, one counts its tokens after it,
+    // inside the capture's transaction (two commits per request, not three).
     const counters = statements.filter((s) => s.includes('"rate_limit_counters"'));
     expect(counters.map((s) => s.split(' (')[0])).toEqual(Array(2).fill('insert into "rate_limit_counters"'));
+    const [captured] = txs.filter(capture);
+    expect(captured?.at(-1)).toMatch(/^insert into "rate_limit_counters"/);
+    expect(statements.filter((s) => s === 'commit')).toHaveLength(2);
     expect(statements.length, statements.join('\n')).toBe(chatStatements);
   });
 

@@ -4,13 +4,13 @@
  * a pool of 12 connections, plus a second `createDatabase` on the same URL acting as another server process.
  */
 import { execFile } from 'node:child_process';
-import { createHash } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { sql } from 'kysely';
+import { CompiledQuery, Migrator, sql } from 'kysely';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { type AccountsRepository, createAccounts } from '../../server/storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from '../../server/storage/api-keys.ts';
@@ -211,6 +211,81 @@ describe.each(engines)('storage on %s', (engine, open) => {
         database.db,
       );
       expect(Number(rows[0]?.n)).toBe(Object.keys(storageMigrations(database.dialect)).length);
+    });
+
+    test('behavior: the held-reservation queries read the partial indexes of 0017_hot_path_indexes', async () => {
+      const sent: string[] = [];
+      const watched = await createDatabase(opened.url, { onQuery: (text) => sent.push(text) });
+      try {
+        const watchedLedger = createLedger(watched, clock);
+        await watchedLedger.keySpend(randomUUID(), { sinceMs: 0, includeHeld: true });
+        await watchedLedger.expireReservations(T0);
+        const held = sent.filter((text) => text.includes('from "reservations" where'));
+        expect(held).toHaveLength(2);
+        const plans: string[] = [];
+        for (const text of held) {
+          const parameters = text.includes('"api_key_id"') ? ['k'] : [T0, 200];
+          const rows =
+            engine === 'sqlite'
+              ? (
+                  await database.db.executeQuery(
+                    CompiledQuery.raw(
+                      `explain query plan ${text}`,
+                      parameters.map(() => null),
+                    ),
+                  )
+                ).rows
+              : await database.db.transaction().execute(async (trx) => {
+                  // The tables are tiny: without this PostgreSQL would rightly scan them.
+                  await sql`set local enable_seqscan = off`.execute(trx);
+                  return (await trx.executeQuery(CompiledQuery.raw(`explain ${text}`, parameters))).rows;
+                });
+          plans.push(dump(rows));
+        }
+        expect(plans[0]).toContain('reservations_held_key_idx');
+        expect(plans[1]).toContain('reservations_held_expiry_idx');
+      } finally {
+        await watched.close();
+      }
+    });
+
+    test('behavior: 0017_hot_path_indexes upgrades a database with reservations, which keep working', async () => {
+      const fresh = await open();
+      const url =
+        engine === 'sqlite'
+          ? fresh.url
+          : await (postgres as StartedPostgres).createDatabase(`up_${process.pid}`);
+      const upgraded = await createDatabase(url);
+      try {
+        const migrator = new Migrator({
+          db: upgraded.db,
+          provider: { getMigrations: async () => storageMigrations(upgraded.dialect) },
+        });
+        expect((await migrator.migrateTo('0008_video')).error).toBeUndefined();
+        const oldLedger = createLedger(upgraded, clock);
+        const account = await createAccounts(upgraded, clock).createApiAccount();
+        await oldLedger.topUp({ accountId: account.id, amountNano: 100n });
+        const expiring = await oldLedger.reserve({
+          accountId: account.id,
+          amountNano: 10n,
+          requestId: 'a',
+          ttlMs: 1,
+        });
+        const captured = await oldLedger.reserve({
+          accountId: account.id,
+          amountNano: 10n,
+          requestId: 'b',
+          ttlMs: 1,
+        });
+        await oldLedger.capture(captured.reservation.id, { items: [{ sku: 's', amountNano: 4n }] });
+        expect(await migrate(upgraded)).toEqual({ applied: ['0017_hot_path_indexes'] });
+        expect(await createLedger(upgraded, clock).expireReservations(T0 + 1)).toBe(1);
+        expect((await oldLedger.getReservation(expiring.reservation.id)).status).toBe('expired');
+        expect((await oldLedger.getBalance(account.id)).usdNano).toBe(96n);
+      } finally {
+        await upgraded.close();
+        await fresh.cleanup();
+      }
     });
 
     test('behavior: ping answers and the database enforces its constraints', async () => {
@@ -1113,6 +1188,20 @@ describe.each(engines)('storage on %s', (engine, open) => {
       expect(await limits.listEvents(account.id, 2)).toHaveLength(2);
       expect(await limits.pruneEvents(T0 + 1)).toBeGreaterThanOrEqual(1);
       expect((await limits.listEvents(account.id)).map((e) => e.limitType)).toEqual(['RPD', 'TPM']);
+    });
+
+    test("behavior: a hit in the caller's transaction commits with it, and a rollback takes it back", async () => {
+      const peek = () => limits.peek({ bucket: 'trx:TPM', windowMs: 60_000, limit: 1_000, now: T0 });
+      await database.transaction((trx) =>
+        limits.hit({ bucket: 'trx:TPM', windowMs: 60_000, limit: 1_000, cost: 40, now: T0 }, trx),
+      );
+      expect((await peek()).used).toBe(40);
+      const undone = database.transaction(async (trx) => {
+        await limits.hit({ bucket: 'trx:TPM', windowMs: 60_000, limit: 1_000, cost: 7, now: T0 }, trx);
+        throw new Error('the capture failed');
+      });
+      await expect(undone).rejects.toThrow('the capture failed');
+      expect((await peek()).used).toBe(40);
     });
   });
 

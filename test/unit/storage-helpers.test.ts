@@ -16,6 +16,8 @@ import {
   epochDayOf,
   isoDay,
   periodStartMs,
+  resolveOptions,
+  timeOrderedIds,
   toBigInt,
   toNumber,
 } from '../../server/storage/internal.ts';
@@ -160,6 +162,72 @@ describe('errors', () => {
     expect(limit.message).toBe('API key DIEM spend limit exceeded');
     const cause = new Error('driver');
     expect(new StorageError('STORAGE_FAILURE', 'x', { cause }).cause).toBe(cause);
+  });
+});
+
+describe('timeOrderedIds', () => {
+  const V7 = /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+  const msOf = (id: string) => Number.parseInt(id.replaceAll('-', '').slice(0, 12), 16);
+
+  test('behavior: a lowercase UUID of version 7 and variant 10 whose first 48 bits are the millisecond', () => {
+    const at = Date.UTC(2026, 10, 21, 16, 30, 0, 123);
+    const next = timeOrderedIds(() => at);
+    for (let i = 0; i < 1000; i++) {
+      const id = next();
+      expect(id).toMatch(V7);
+      expect(msOf(id)).toBe(at);
+    }
+    // The repositories' default id source is this one, on their clock.
+    const { randomId } = resolveOptions({ now: () => at });
+    expect(randomId()).toMatch(V7);
+    expect(msOf(randomId())).toBe(at);
+  });
+
+  test('behavior: strictly increasing as text, within a millisecond, across milliseconds and when the clock steps back', () => {
+    const times = [5_000, 5_000, 5_000, 5_001, 5_001, 4_000, 4_000, 6_000, 6_000];
+    let i = 0;
+    const next = timeOrderedIds(() => times[i++ % times.length] as number);
+    const ids = Array.from({ length: 50_000 }, () => next());
+    const unordered = ids.findIndex((id, k) => k > 0 && (ids[k - 1] as string) >= id);
+    expect(unordered).toBe(-1);
+    expect(new Set(ids).size).toBe(ids.length);
+    expect(msOf(ids[5] as string)).toBe(5_001);
+    expect(msOf(ids[7] as string)).toBe(6_000);
+  });
+
+  test('behavior: two sources in the same millisecond do not collide, and their random tails differ', () => {
+    const a = timeOrderedIds(() => 42);
+    const b = timeOrderedIds(() => 42);
+    const ids = new Set<string>();
+    for (let i = 0; i < 20_000; i++) {
+      ids.add(a());
+      ids.add(b());
+    }
+    expect(ids.size).toBe(40_000);
+    const tails = new Set([...ids].map((id) => id.slice(-12)));
+    expect(tails.size).toBeGreaterThan(39_990);
+  });
+
+  test('edge: a millisecond that runs out of counter takes the next one and stays ordered', () => {
+    // A span of 2^10 (the default is 2^26): the counter starts below 2^9, so the borrow comes within 2^10 ids.
+    const next = timeOrderedIds(() => 1_000, 2 ** 10);
+    let previous = next();
+    let borrowed = false;
+    for (let i = 0; i < 2 ** 10 && !borrowed; i++) {
+      const id = next();
+      if (id <= previous) throw new Error(`not increasing: ${previous} then ${id}`);
+      if (msOf(id) === 1_001) borrowed = true;
+      previous = id;
+    }
+    expect(borrowed).toBe(true);
+    expect(previous).toMatch(V7);
+    expect(() => timeOrderedIds(Date.now, 1000)).toThrow(RangeError);
+  });
+
+  test('edge: clocks out of range are clamped to valid ids', () => {
+    expect(timeOrderedIds(() => -5)()).toMatch(/^00000000-0000-7/);
+    expect(msOf(timeOrderedIds(() => 1.9)())).toBe(1);
+    expect(timeOrderedIds(() => 2 ** 60)()).toMatch(/^ffffffff-ffff-7/);
   });
 });
 

@@ -8,7 +8,8 @@
  *   run:     the provider events, from the backend chosen for the request (`prompt_cache_key` always picks the
  *            same one), failing over to the next backend when one fails before producing anything.
  *   settle:  capture the real cost (prompt, cache reads and writes, output, searches, scrapes) as CHARGE
- *            entries with the request and model ids, release the rest, count the tokens per minute.
+ *            entries with the request and model ids, release the rest, and count the tokens per minute in
+ *            the same transaction.
  */
 import { createHash } from 'node:crypto';
 import type { ChatCompletionRequest } from '../../../generated/api.d.ts';
@@ -31,6 +32,7 @@ import type { SearchProvider, SearchResult } from '../../providers/search/types.
 import type { Reservation } from '../../storage/ledger.ts';
 import type { Charges } from '../billing/charges.ts';
 import { AT_CAPACITY_MESSAGE, createSlots } from '../concurrency.ts';
+import type { TokenCount } from '../limits/rate-limiter.ts';
 import { providerApiError } from '../provider-errors.ts';
 import { type ChatOptions, resolveOptions } from './options.ts';
 import { affordableCompletionTokens, chargeItems, type Extras, worstCaseNano } from './pricing.ts';
@@ -45,8 +47,11 @@ export type ChatServiceDeps = {
   isPro(accountId: string): Promise<boolean>;
   /** The provider serving one backend of a model. */
   providerFor(backend: Backend): ChatProvider;
-  /** Adds the tokens of a finished request to the caller's tokens-per-minute window. */
-  consumeTokens?(principal: Principal, modelId: string, tokens: number): Promise<void>;
+  /**
+   * The count of a finished request's tokens in the caller's tokens-per-minute window (undefined: nothing to
+   * count); settle runs it in the transaction of the capture, so the charge and the count cost one commit.
+   */
+  tokenCount?(principal: Principal, modelId: string, tokens: number): Promise<TokenCount | undefined>;
   convertFile?: FileConverter;
   /** Web search (`enable_web_search`) and scraping (`enable_web_scraping`); absent: the feature is off. */
   web?: { search?: SearchProvider; scraper?: Scraper; now?: () => Date };
@@ -399,13 +404,15 @@ export function createChatService(deps: ChatServiceDeps) {
         cachedTokens: 0,
         cacheCreationTokens: 0,
       };
-      const capture = await deps.charges.capture(
+      // A count that cannot be made (its tier unknown) is skipped, as a failed count never fails the capture.
+      const count = await deps
+        .tokenCount?.(prepared.principal, prepared.model.id, final.promptTokens + final.completionTokens)
+        .catch(() => undefined);
+      const capture = await deps.charges.captureWith(
         prepared.reservation,
         chargeItems(prepared.model, final, prepared.extras),
+        count,
       );
-      await deps
-        .consumeTokens?.(prepared.principal, prepared.model.id, final.promptTokens + final.completionTokens)
-        .catch(() => {});
       return {
         usage: final,
         cost: { usd: nanoToUsdNumber(capture.usdNano), diem: nanoToUsdNumber(capture.diemNano) },

@@ -34,8 +34,8 @@ export function createMediaHandlers(deps: MediaDeps): HandlerGroups {
     charges: deps.charges,
     isPro,
     providerFor: createEmbeddingProviders(deps),
-    consumeTokens: async (principal, modelId, tokens) =>
-      deps.limiter.consumeTokens(principal, await deps.tierOf(principal.accountId), modelId, tokens),
+    tokenCount: async (principal, modelId, tokens) =>
+      deps.limiter.tokenCount(principal, await deps.tierOf(principal.accountId), modelId, tokens),
   });
   return {
     ...createEmbeddingHandlers({ embeddings }),

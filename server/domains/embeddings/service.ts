@@ -16,14 +16,18 @@ import type { CaptureItem } from '../../storage/ledger.ts';
 import { backendsOf, ceilDiv, MEDIA_MESSAGES, mediaApiError, withFailover } from '../audio/common.ts';
 import type { Charges } from '../billing/charges.ts';
 import { createSlots } from '../concurrency.ts';
+import type { TokenCount } from '../limits/rate-limiter.ts';
 
 export type EmbeddingServiceDeps = {
   catalog: CatalogService;
   charges: Charges;
   isPro(accountId: string): Promise<boolean>;
   providerFor(backend: Backend): EmbeddingProvider;
-  /** Adds the tokens of a finished request to the caller's tokens-per-minute window. */
-  consumeTokens?(principal: Principal, modelId: string, tokens: number): Promise<void>;
+  /**
+   * The count of a finished request's tokens in the caller's tokens-per-minute window (undefined: nothing to
+   * count), run in the transaction of the capture.
+   */
+  tokenCount?(principal: Principal, modelId: string, tokens: number): Promise<TokenCount | undefined>;
 };
 
 /** Vector length of a model whose catalogue entry gives none. */
@@ -123,8 +127,9 @@ export function createEmbeddingService(deps: EmbeddingServiceDeps) {
           throw mediaApiError(error);
         }
         const billed = Math.min(result.promptTokens ?? promptTokens, reservedTokens);
-        await deps.charges.capture(reservation, [embeddingCharge(model, billed)]);
-        await deps.consumeTokens?.(principal, model.id, billed).catch(() => {});
+        // A count that cannot be made (its tier unknown) is skipped: it never fails the capture.
+        const count = await deps.tokenCount?.(principal, model.id, billed).catch(() => undefined);
+        await deps.charges.captureWith(reservation, [embeddingCharge(model, billed)], count);
         return { model, router, vectors: result.vectors, promptTokens: billed };
       } finally {
         done();

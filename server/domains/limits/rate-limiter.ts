@@ -9,6 +9,7 @@ import type { CatalogService } from '../../catalog/service.ts';
 import type { Principal } from '../../http/auth.ts';
 import type { ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
+import type { StatementRunner } from '../../storage/internal.ts';
 import type {
   AdmitWindow,
   HitResult,
@@ -33,6 +34,9 @@ const subjectOf = (p: Principal) => (p.kind === 'apiKey' ? `key:${p.keyId}` : `w
 const typeOf = (p: Principal) => (p.kind === 'apiKey' ? 'api_key' : 'user');
 
 export type RateLimiter = ReturnType<typeof createRateLimiter>;
+
+/** A counting statement bound to its values: run on its own, or in the caller's transaction `runner`. */
+export type TokenCount = (runner?: StatementRunner) => Promise<void>;
 
 export function createRateLimiter(deps: RateLimiterDeps) {
   const now = deps.now ?? Date.now;
@@ -60,6 +64,35 @@ export function createRateLimiter(deps: RateLimiterDeps) {
         headers: { 'Retry-After': String(retryAfter), 'x-ratelimit-type': typeOf(principal) },
       },
     );
+  }
+
+  /**
+   * The statement of `consumeTokens`, to run later on its own (no argument) or in the caller's transaction
+   * (`runner`), where it commits or rolls back with the caller's writes: the capture runs it so that a
+   * request's charge and its tokens cost one commit. Undefined when there is nothing to count: no tokens,
+   * no token limit for the model and tier, or a count that is not a whole number (an upstream's odd usage
+   * figure is not counted, and cannot fail the transaction it would join).
+   */
+  function tokenCount(
+    principal: Principal,
+    tier: string,
+    modelId: string,
+    tokens: number,
+  ): TokenCount | undefined {
+    const limit = deps.catalog.getModel(modelId)?.rateLimits[tier]?.tokensPerMinute;
+    if (!limit || !Number.isSafeInteger(tokens) || tokens <= 0) return undefined;
+    // The window is the one the request finished in, whenever the statement runs.
+    const input = {
+      bucket: `${subjectOf(principal)}:model:${modelId}:TPM`,
+      windowMs: MINUTE,
+      // Counted even past the limit: the work is done; the next request is the one refused.
+      limit: Number.MAX_SAFE_INTEGER,
+      cost: tokens,
+      now: now(),
+    };
+    return async (runner) => {
+      await deps.rateLimits.hit(input, runner);
+    };
   }
 
   return {
@@ -127,18 +160,14 @@ export function createRateLimiter(deps: RateLimiterDeps) {
       return { headers };
     },
 
-    /** Adds the tokens a finished request used to the caller's tokens-per-minute window for the model. */
+    /**
+     * Adds the tokens a finished request used to the caller's tokens-per-minute window for the model: on its
+     * own, or through `tokenCount` as a statement of the transaction that captures the request's charge.
+     */
     async consumeTokens(principal: Principal, tier: string, modelId: string, tokens: number): Promise<void> {
-      const limit = deps.catalog.getModel(modelId)?.rateLimits[tier]?.tokensPerMinute;
-      if (!limit || tokens <= 0) return;
-      // Counted even past the limit: the work is done; the next request is the one refused.
-      await deps.rateLimits.hit({
-        bucket: `${subjectOf(principal)}:model:${modelId}:TPM`,
-        windowMs: MINUTE,
-        limit: Number.MAX_SAFE_INTEGER,
-        cost: tokens,
-        now: now(),
-      });
+      await tokenCount(principal, tier, modelId, tokens)?.();
     },
+
+    tokenCount,
   };
 }
