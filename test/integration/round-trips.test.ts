@@ -106,10 +106,10 @@ const capture = (tx: string[]) => tx.some((s) => s.startsWith('insert into "ledg
 // (one statement), count the tokens per minute.
 const RESERVE = 3;
 const CAPTURE = 4;
-// A JSON-RPC call: two transactions. Before the node is asked, the reservation with the credit cap's take (one
-// guarded upsert) under the same account lock; after, the capture knowing the reservation's figures: settle the
-// account (the update locks it), claim the reservation, insert the entry.
-const RPC_RESERVE = 4;
+// A JSON-RPC call: two transactions. Before the node is asked, the reservation with the per-minute count and the
+// credit cap's take (one guarded upsert each) under the same account lock; after, the capture knowing the
+// reservation's figures: settle the account (the update locks it), claim the reservation, insert the entry.
+const RPC_RESERVE = 5;
 const RPC_CAPTURE = 3;
 
 const engines = [
@@ -174,6 +174,10 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatStatements, rpc
     expect(txs.length, statements.join('\n')).toBe(2);
     expect(txs.filter(reservation).map((tx) => tx.length)).toEqual([RPC_RESERVE]);
     expect(txs.filter(capture).map((tx) => tx.length)).toEqual([RPC_CAPTURE]);
+    // The per-minute count is a statement of the reservation's transaction: two commits per call, not three.
+    const [reserved] = txs.filter(reservation);
+    expect(reserved?.filter((s) => s.startsWith('insert into "rate_limit_counters"'))).toHaveLength(1);
+    expect(statements.filter((s) => s === 'commit')).toHaveLength(2);
     expect(statements.length, statements.join('\n')).toBe(rpcStatements);
   });
 });

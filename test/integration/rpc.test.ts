@@ -474,5 +474,12 @@ describe('POST /crypto/rpc/{network}: caps', () => {
     // What still fits under the cap is served.
     expect((await postAs(heavyKey, call('eth_blockNumber'))).status).toBe(200);
     expect(await capped.services.rpc.credits.used(heavy)).toBe(80);
+    // The refused batch was not counted in the minute either (it is counted in the reservation's
+    // transaction): a third call fits both caps, and only the fourth meets the per-minute cap.
+    expect((await postAs(heavyKey, call('eth_blockNumber'))).status).toBe(200);
+    expect(await capped.services.rpc.credits.used(heavy)).toBe(100);
+    const fourth = await postAs(heavyKey, call('eth_blockNumber'));
+    expect(fourth.status).toBe(429);
+    expect(await fourth.json()).toMatchObject({ code: 'RPC_RATE_LIMIT_EXCEEDED' });
   });
 });

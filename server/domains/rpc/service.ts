@@ -1,10 +1,12 @@
 /**
- * The JSON-RPC proxy: admits a call (per-minute cap), checks and prices every item, replays or claims its
- * idempotency key, takes the worst case from the rolling 24-hour credit cap and reserves it on the ledger,
+ * The JSON-RPC proxy: checks and prices every item of a call, replays or claims its idempotency key, then in
+ * one transaction counts it under the per-minute cap, takes the worst case from the rolling 24-hour credit cap
+ * and reserves it on the ledger,
  * forwards the bytes to the network's nodes (with failover), then charges what the answer really cost and
  * returns the node's bytes unchanged. Everything that does not depend on the request is prepared at start.
  */
 import { randomBytes } from 'node:crypto';
+import type { Transaction } from 'kysely';
 import type { components } from '../../../generated/api.d.ts';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
@@ -13,6 +15,7 @@ import { type RpcUpstream, UpstreamError } from '../../providers/rpc/port.ts';
 import { hashRequestBody, type IdempotencyScope, type IdempotencyStore } from '../../storage/idempotency.ts';
 import type { RateLimitsRepository } from '../../storage/rate-limits.ts';
 import type { RpcCreditsRepository } from '../../storage/rpc-credits.ts';
+import type { Tables } from '../../storage/schema.ts';
 import type { Charges } from '../billing/charges.ts';
 import { billAnswer, planRequest, type RpcPlan } from './billing.ts';
 import type { RpcNetwork } from './networks.ts';
@@ -67,17 +70,18 @@ export function createRpcService(deps: RpcServiceDeps) {
   const { limits } = deps;
   const price = deps.pricePerCreditNano;
 
-  /** Counts the request in the caller's minute, or throws the 429 with the `X-RateLimit-*` headers. */
-  async function admitMinute(principal: Principal): Promise<void> {
+  /**
+   * Counts the request in the caller's minute, as a statement of the reservation's transaction (a request
+   * refused later in it is not counted), or throws the 429 with the `X-RateLimit-*` headers.
+   */
+  async function admitMinute(principal: Principal, trx: Transaction<Tables>): Promise<void> {
     const staff = limits.staffAccounts.has(principal.accountId);
     const limit = staff ? limits.staffRequestsPerMinute : limits.requestsPerMinute;
     const at = now();
-    const hit = await deps.rateLimits.hit({
-      bucket: `rpc:${principal.accountId}:RPM`,
-      windowMs: MINUTE_MS,
-      limit,
-      now: at,
-    });
+    const hit = await deps.rateLimits.hit(
+      { bucket: `rpc:${principal.accountId}:RPM`, windowMs: MINUTE_MS, limit, now: at },
+      trx,
+    );
     if (hit.allowed) return;
     const retryAfter = Math.max(1, Math.ceil((hit.resetAtMs - at) / 1000));
     throw new ApiError(429, 'Rate limit exceeded', {
@@ -147,9 +151,9 @@ export function createRpcService(deps: RpcServiceDeps) {
   }
 
   /**
-   * The work after admission, in two database round trips around the upstream call: the credit cap and the
-   * reservation in one transaction (under the account's lock), the capture and the unspent credits' return in
-   * another. Undoes its holds when it fails.
+   * The billed call, in two transactions around the upstream call: the per-minute cap, the credit cap and the
+   * reservation in one (under the account's lock), the capture and the unspent credits' return in the other.
+   * Undoes its holds when it fails.
    */
   async function forward(
     principal: Principal,
@@ -167,6 +171,7 @@ export function createRpcService(deps: RpcServiceDeps) {
       principal,
       { amountNano: worstNano, requestId, modelId: network.slug },
       async (trx) => {
+        await admitMinute(principal, trx);
         const taken = await deps.credits.takeIn(trx, {
           subject,
           credits: plan.worstCase,
@@ -250,7 +255,6 @@ export function createRpcService(deps: RpcServiceDeps) {
     async call(input: RpcCallInput): Promise<RpcCallResult> {
       const network = deps.networks.get(input.network);
       if (!network) throw new ApiError(400, 'Unsupported RPC network', { code: 'UNSUPPORTED_NETWORK' });
-      await admitMinute(input.principal);
       const upstream = deps.upstreams.get(network.slug);
       if (!upstream) {
         throw new ApiError(
