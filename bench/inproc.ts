@@ -144,7 +144,9 @@ try {
   const cpuBefore = process.cpuUsage();
   for (let i = 0; i < count; i++) times.push(await once());
   const cpu = process.cpuUsage(cpuBefore);
-  console.log(`user ${(cpu.user / count).toFixed(0)} µs, system ${(cpu.system / count).toFixed(0)} µs per request`);
+  console.log(
+    `user ${(cpu.user / count).toFixed(0)} µs, system ${(cpu.system / count).toFixed(0)} µs per request`,
+  );
   if (profiling) {
     const { profile } = await session.post('Profiler.stop');
     const outDir = join(repoRoot, 'bench', 'results', 'profile-inproc');
