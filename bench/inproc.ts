@@ -1,6 +1,6 @@
 /**
- * `npx tsx bench/inproc.ts [chat|rpc|models|upstream] [count]`: the server built in this process (production settings,
- * a fresh SQLite file, limits out of the way), warmed up, then `count` requests one at a time over one
+ * `npx tsx bench/inproc.ts [chat|chat-stream|rpc|models|upstream] [count]`: the server built in this process
+ * (production settings, `chat-stream` is the chat request with `stream: true`), a fresh SQLite file, limits out of the way), warmed up, then `count` requests one at a time over one
  * keep-alive connection: the mean and p50/p99 in µs, and a CPU profile of the steady state only (no start-up
  * in it) in bench/results/profile-inproc, for `node bench/profile-summary.mjs`. For finding where one
  * request's time goes without a loaded machine's noise. It also prints the process's CPU time per request
@@ -23,7 +23,8 @@ import { repoRoot } from '../test/support/contract.ts';
 import { startNodeChild } from './processes.ts';
 import { catalogOverride, fundedKey } from './setup.ts';
 
-const target = (['models', 'rpc', 'upstream'] as const).find((t) => t === process.argv[2]) ?? 'chat';
+const target =
+  (['models', 'rpc', 'upstream', 'chat-stream'] as const).find((t) => t === process.argv[2]) ?? 'chat';
 const count = Number(process.argv[3] ?? 2000);
 const scratch = mkdtempSync(join(tmpdir(), 'svc-inproc-'));
 const url = `sqlite:${join(scratch, 'db.sqlite')}`;
@@ -89,7 +90,7 @@ const spec =
           body: JSON.stringify({
             ...(target === 'upstream'
               ? { model: 'bench-upstream', stream: true }
-              : { model: 'llama-3.3-70b' }),
+              : { model: 'llama-3.3-70b', ...(target === 'chat-stream' ? { stream: true } : {}) }),
             messages: [{ role: 'user', content: 'Say hello to the benchmark.' }],
             max_tokens: 16,
           }),
