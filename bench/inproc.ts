@@ -1,11 +1,11 @@
 /**
  * `npx tsx bench/inproc.ts [chat|chat-stream|rpc|models|upstream] [count]`: the server built in this process
  * (production settings, a fresh SQLite file, limits out of the way; `chat-stream` is the chat request with
- * `stream: true`), warmed up, then `count` requests one at a time over one keep-alive connection: the mean and p50/p99 in µs, and a CPU profile of the steady state only (no start-up
- * in it) in bench/results/profile-inproc, for `node bench/profile-summary.mjs`. For finding where one
- * request's time goes without a loaded machine's noise. It also prints the process's CPU time per request
- * (steadier than wall time on a busy machine) and, with BENCH_SQL_TIMES=1, the mean time of each SQLite
- * statement.
+ * `stream: true`), warmed up, then `count` requests one at a time over one keep-alive connection: the mean
+ * and p50/p99 in µs, and a CPU profile of the steady state only (no start-up in it) in
+ * bench/results/profile-inproc, for `node bench/profile-summary.mjs`. For finding where one request's time
+ * goes without a loaded machine's noise. It also prints the process's CPU time per request (steadier than
+ * wall time on a busy machine) and, with BENCH_SQL_TIMES=1, the mean time of each SQLite statement.
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { Agent, createServer, request } from 'node:http';
