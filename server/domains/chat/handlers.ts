@@ -149,9 +149,17 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
   const { chat } = deps;
 
   async function complete(ctx: HandlerContext<'createChatCompletion'>, prepared: PreparedChat) {
-    const timer = new AbortController();
-    const timeout = setTimeout(() => timer.abort(), deps.timeoutMs);
-    const signal = AbortSignal.any([ctx.signal, timer.signal]);
+    // One controller for both ends (the client leaving, the time limit): no composite `AbortSignal.any`.
+    const aborter = new AbortController();
+    const signal = aborter.signal;
+    let timedOut = false;
+    const onAbort = () => aborter.abort(ctx.signal.reason);
+    if (ctx.signal.aborted) onAbort();
+    else ctx.signal.addEventListener('abort', onAbort, { once: true });
+    const timeout = setTimeout(() => {
+      timedOut = true;
+      aborter.abort();
+    }, deps.timeoutMs);
     const n = prepared.request.n;
     const choices: ChoiceState[] = Array.from({ length: n }, () => ({
       content: '',
@@ -189,13 +197,13 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
           throw error;
         }
         await chat.release(prepared);
-        if (timer.signal.aborted)
-          throw new ApiError(504, MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
+        if (timedOut) throw new ApiError(504, MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
         throw toApiError(error);
       }
       settlement = await chat.settle(prepared, usage, produced());
     } finally {
       clearTimeout(timeout);
+      ctx.signal.removeEventListener('abort', onAbort);
       prepared.done();
     }
     const { stripTags, dropReasoning } = visibility(prepared);

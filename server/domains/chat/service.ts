@@ -123,8 +123,68 @@ function toolsOf(body: ChatCompletionRequest): ProviderTool[] | undefined {
   return tools.length > 0 ? tools.map((t) => ({ ...t, type: 'function' })) : undefined;
 }
 
+const DONE: IteratorReturnResult<undefined> = { done: true, value: undefined };
+
 export function createChatService(deps: ChatServiceDeps) {
   const { acquire } = createSlots();
+
+  /** The events of the first backend that produces any, trying the next on a retryable failure before that. */
+  function failover(prepared: PreparedChat, signal: AbortSignal): AsyncIterator<ChatEvent> {
+    let next = 0;
+    let provider: ChatProvider | undefined;
+    let events: AsyncIterator<ChatEvent> | undefined;
+    let produced = false;
+    let finished = false;
+    let lastError: unknown;
+    return {
+      async next(): Promise<IteratorResult<ChatEvent>> {
+        for (;;) {
+          if (finished) return DONE;
+          if (!events || !provider) {
+            const backend = prepared.backends[next++];
+            if (!backend) {
+              finished = true;
+              throw lastError;
+            }
+            provider = deps.providerFor(backend);
+            produced = false;
+            events = provider
+              .stream({
+                ...prepared.request,
+                model: backend.kind === 'local' ? prepared.model.id : backend.upstreamModel,
+                signal,
+              })
+              [Symbol.asyncIterator]();
+          }
+          try {
+            const result = await events.next();
+            if (result.done) {
+              finished = true;
+              return DONE;
+            }
+            if (!produced) prepared.router = provider.name;
+            produced = true;
+            return result;
+          } catch (error) {
+            lastError = error;
+            const retryable =
+              error instanceof ChatProviderError && (error.kind === 'capacity' || error.kind === 'failed');
+            if (produced || !retryable || signal.aborted) {
+              finished = true;
+              throw error;
+            }
+            events = undefined;
+          }
+        }
+      },
+      async return(): Promise<IteratorResult<ChatEvent>> {
+        const open = finished ? undefined : events;
+        finished = true;
+        await open?.return?.();
+        return DONE;
+      },
+    };
+  }
 
   /** Backends in the order to try: a `prompt_cache_key` always starts at the same one. */
   function backendOrder(model: CatalogModel, key: string | undefined): Backend[] {
@@ -359,31 +419,13 @@ export function createChatService(deps: ChatServiceDeps) {
       }
     },
 
-    /** The provider events, with failover to the next backend while nothing was produced. */
-    async *run(prepared: PreparedChat, signal: AbortSignal): AsyncGenerator<ChatEvent> {
-      let lastError: unknown;
-      for (const backend of prepared.backends) {
-        const provider = deps.providerFor(backend);
-        let produced = false;
-        try {
-          for await (const event of provider.stream({
-            ...prepared.request,
-            model: backend.kind === 'local' ? prepared.model.id : backend.upstreamModel,
-            signal,
-          })) {
-            if (!produced) prepared.router = provider.name;
-            produced = true;
-            yield event;
-          }
-          return;
-        } catch (error) {
-          lastError = error;
-          const retryable =
-            error instanceof ChatProviderError && (error.kind === 'capacity' || error.kind === 'failed');
-          if (produced || !retryable || signal.aborted) throw error;
-        }
-      }
-      throw lastError;
+    /**
+     * The provider events, with failover to the next backend while nothing was produced. A plain iterator
+     * over the provider's (not an async generator around it): one promise per event, not a generator's
+     * queue and two awaits.
+     */
+    run(prepared: PreparedChat, signal: AbortSignal): AsyncIterable<ChatEvent> {
+      return { [Symbol.asyncIterator]: () => failover(prepared, signal) };
     },
 
     /** Captures what the request used (or, when it was cut short, what it had produced). */

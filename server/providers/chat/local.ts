@@ -455,6 +455,9 @@ function* planPieces(
   }
 }
 
+/** Tokens generated between two turns of the event loop when no delay is set. */
+const TOKENS_PER_TURN = 16;
+
 function fixedPiece(text: string): Piece {
   return { text, logprob: -0.0001, alternatives: [] };
 }
@@ -469,6 +472,16 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
     name: 'local',
     async *stream(request: ChatProviderRequest): AsyncGenerator<ChatEvent> {
       const signal = request.signal;
+      // With a delay, every token waits it. Without, the engine still lets the event loop run (other
+      // requests, socket writes, aborts) every few tokens, not after each one: same events, fewer turns.
+      let unpaused = 0;
+      const pauseDue = (): boolean => {
+        if (delay > 0 || ++unpaused >= TOKENS_PER_TURN) {
+          unpaused = 0;
+          return true;
+        }
+        return false;
+      };
       const promptTokens = countPromptTokens(request.messages, request.tools);
       const [cachedTokens, cacheCreationTokens] = cache.account(request.model, request.messages);
       const baseSeed = request.sampling.seed ?? Math.floor(Math.random() * 2 ** 31);
@@ -526,7 +539,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
           yield reasoning?.tags
             ? { type: 'delta', index, content: text, ...(lp ? { logprobs: lp } : {}) }
             : { type: 'delta', index, reasoning: text, ...(lp ? { logprobs: lp } : {}) };
-          await pause();
+          if (pauseDue()) await pause();
         }
         if (plan.length > 0 && emitted >= budget) finish = 'length';
         if (finish !== 'length' && tool) {
@@ -558,7 +571,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
               index,
               toolCalls: [{ index: 0, function: { arguments: decodeToken(token) } }],
             };
-            await pause();
+            if (pauseDue()) await pause();
           }
           if (finish !== 'length') finish = 'tool_calls';
         } else if (finish !== 'length') {
@@ -635,7 +648,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
                 : {}),
             };
             if (partial) break;
-            await pause();
+            if (pauseDue()) await pause();
           }
         }
         completionTokens += emitted;
