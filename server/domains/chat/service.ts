@@ -26,6 +26,7 @@ import {
   type ProviderTool,
   type ProviderToolChoice,
   type ProviderUsage,
+  type SamplingOptions,
 } from '../../providers/chat/types.ts';
 import type { SearchProvider, SearchResult } from '../../providers/search/types.ts';
 import type { Reservation } from '../../storage/ledger.ts';
@@ -302,22 +303,23 @@ export function createChatService(deps: ChatServiceDeps) {
         : undefined;
       const stop = body.stop == null ? undefined : typeof body.stop === 'string' ? [body.stop] : body.stop;
       const constraints = (model.spec.constraints ?? {}) as Record<string, { default?: number } | undefined>;
-      const sampling = Object.fromEntries(
-        Object.entries({
-          temperature: body.temperature ?? constraints.temperature?.default,
-          top_p: body.top_p ?? constraints.top_p?.default,
-          top_k: body.top_k,
-          min_p: body.min_p,
-          min_temp: body.min_temp,
-          max_temp: body.max_temp,
-          frequency_penalty: body.frequency_penalty,
-          presence_penalty: body.presence_penalty,
-          repetition_penalty: body.repetition_penalty ?? constraints.repetition_penalty?.default,
-          seed: body.seed,
-          stop,
-          stop_token_ids: body.stop_token_ids,
-        }).filter(([, v]) => v !== undefined),
-      );
+      // Set fields only, in this order (an upstream receives them as they are listed here).
+      const sampling: SamplingOptions = {};
+      const temperature = body.temperature ?? constraints.temperature?.default;
+      if (temperature !== undefined) sampling.temperature = temperature;
+      const topP = body.top_p ?? constraints.top_p?.default;
+      if (topP !== undefined) sampling.top_p = topP;
+      if (body.top_k !== undefined) sampling.top_k = body.top_k;
+      if (body.min_p !== undefined) sampling.min_p = body.min_p;
+      if (body.min_temp !== undefined) sampling.min_temp = body.min_temp;
+      if (body.max_temp !== undefined) sampling.max_temp = body.max_temp;
+      if (body.frequency_penalty !== undefined) sampling.frequency_penalty = body.frequency_penalty;
+      if (body.presence_penalty !== undefined) sampling.presence_penalty = body.presence_penalty;
+      const repetitionPenalty = body.repetition_penalty ?? constraints.repetition_penalty?.default;
+      if (repetitionPenalty !== undefined) sampling.repetition_penalty = repetitionPenalty;
+      if (body.seed !== undefined) sampling.seed = body.seed;
+      if (stop !== undefined) sampling.stop = stop;
+      if (body.stop_token_ids !== undefined) sampling.stop_token_ids = body.stop_token_ids;
       // Web work: scraping the user's URLs bypasses search; `auto` searches when the message asks for facts.
       const userText = lastUserText(body.messages);
       const scrapeUrls = options.enable_web_scraping && deps.web?.scraper ? extractUrls(userText) : [];
@@ -527,7 +529,10 @@ const KNOWN_FIELDS = new Set([
 
 /** Request fields the interface does not list: passed to upstreams as they came. */
 function passthroughOf(body: ChatCompletionRequest): Record<string, unknown> {
-  return Object.fromEntries(Object.entries(body).filter(([key]) => !KNOWN_FIELDS.has(key)));
+  const out: Record<string, unknown> = {};
+  for (const key in body)
+    if (Object.hasOwn(body, key) && !KNOWN_FIELDS.has(key)) out[key] = (body as Record<string, unknown>)[key];
+  return out;
 }
 
 function availableOf(cause: unknown): bigint | undefined {

@@ -18,7 +18,6 @@ import type {
   FinishReason,
   ProviderMessage,
   ProviderTool,
-  TokenLogprob,
   TopLogprob,
 } from './types.ts';
 
@@ -486,7 +485,8 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
       const [cachedTokens, cacheCreationTokens] = cache.account(request.model, request.messages);
       const baseSeed = request.sampling.seed ?? Math.floor(Math.random() * 2 ** 31);
       const promptWords = promptWordsOf(request.messages);
-      const requested = /\b(\d{1,5})\s+words?\b/i.exec(lastUserText(request.messages));
+      const lastUser = lastUserText(request.messages);
+      const requested = /\b(\d{1,5})\s+words?\b/i.exec(lastUser);
       const topN = request.logprobs?.top ?? 0;
       let completionTokens = 0;
       let reasoningTokens = 0;
@@ -494,7 +494,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
       for (let index = 0; index < request.n; index++) {
         const random = mulberry32(baseSeed * 31 + index);
         // Length and sentence breaks follow the prompt, so a greedy draw gives one answer whatever the seed.
-        const shape = mulberry32(hash32(`${lastUserText(request.messages)}\u0000${index}`));
+        const shape = mulberry32(hash32(`${lastUser}\u0000${index}`));
         const sampler = createSampler(request, random, promptWords, LEXICON, topN > 0);
         const budget = request.maxTokens;
         const plan: PlannedToken[] = [];
@@ -630,23 +630,21 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
             if (partial) text = text.slice(0, room);
             sent += text.length;
             emitted += partial ? encodeText(text).length : 1;
-            yield {
-              type: 'delta',
-              index,
-              content: text,
-              ...(request.logprobs
-                ? {
-                    logprobs: [
-                      {
-                        token: text,
-                        logprob: planned.logprob,
-                        bytes: bytesOf(text),
-                        top_logprobs: planned.top,
-                      },
-                    ] as TokenLogprob[],
-                  }
-                : {}),
-            };
+            yield request.logprobs
+              ? {
+                  type: 'delta',
+                  index,
+                  content: text,
+                  logprobs: [
+                    {
+                      token: text,
+                      logprob: planned.logprob,
+                      bytes: bytesOf(text),
+                      top_logprobs: planned.top,
+                    },
+                  ],
+                }
+              : { type: 'delta', index, content: text };
             if (partial) break;
             if (pauseDue()) await pause();
           }
