@@ -305,9 +305,21 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
             res.on('drain', done);
             res.on('close', done);
           });
+        // The frames written in one turn of the event loop leave together (one socket write, not one per
+        // frame): corked at the first, uncorked once the turn's work is done. Frames are not held any longer.
+        let corked = false;
+        const uncork = () => {
+          corked = false;
+          res.uncork();
+        };
         /** Writes one `data:` frame; a promise only when the socket asks to wait (backpressure). */
         const write = (data: string): Promise<void> | undefined => {
           if (res.destroyed || aborter.signal.aborted) return undefined;
+          if (!corked) {
+            corked = true;
+            res.cork();
+            process.nextTick(uncork);
+          }
           return res.write(`data: ${data}\n\n`) ? undefined : drained();
         };
         const send = async (payload: unknown) => {
