@@ -10,7 +10,7 @@
  */
 import { createHash } from 'node:crypto';
 import { mulberry32 } from '../random.ts';
-import { countMessageTokens, countPromptTokens, decodeToken, encodeText } from './tokenizer.ts';
+import { countMessageTokens, countPromptTokens, countTokens, decodeToken, encodeText } from './tokenizer.ts';
 import type {
   ChatEvent,
   ChatProvider,
@@ -558,7 +558,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
               { index: 0, id, type: 'function', function: { name: tool.function.name, arguments: '' } },
             ],
           };
-          emitted += encodeText(tool.function.name).length;
+          emitted += countTokens(tool.function.name);
           for (const token of encodeText(args)) {
             signal?.throwIfAborted();
             if (emitted >= budget) {
