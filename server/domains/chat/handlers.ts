@@ -16,7 +16,13 @@ import type {
 import type { HandlerGroups } from '../../handlers.ts';
 import type { HandlerContext, ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
-import type { ChatEvent, FinishReason, ProviderUsage, TokenLogprob } from '../../providers/chat/types.ts';
+import type {
+  ChatEvent,
+  FinishReason,
+  ProviderUsage,
+  TokenLogprob,
+  ToolCallDelta,
+} from '../../providers/chat/types.ts';
 import { hashRequestBody, type IdempotencyStore } from '../../storage/idempotency.ts';
 import { echoOptions } from './options.ts';
 import {
@@ -149,9 +155,17 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
   const { chat } = deps;
 
   async function complete(ctx: HandlerContext<'createChatCompletion'>, prepared: PreparedChat) {
-    const timer = new AbortController();
-    const timeout = setTimeout(() => timer.abort(), deps.timeoutMs);
-    const signal = AbortSignal.any([ctx.signal, timer.signal]);
+    // One controller for both ends (the client leaving, the time limit): no composite `AbortSignal.any`.
+    const aborter = new AbortController();
+    const signal = aborter.signal;
+    let timedOut = false;
+    const onAbort = () => aborter.abort(ctx.signal.reason);
+    if (ctx.signal.aborted) onAbort();
+    else ctx.signal.addEventListener('abort', onAbort, { once: true });
+    const timeout = setTimeout(() => {
+      timedOut = true;
+      aborter.abort();
+    }, deps.timeoutMs);
     const n = prepared.request.n;
     const choices: ChoiceState[] = Array.from({ length: n }, () => ({
       content: '',
@@ -189,13 +203,13 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
           throw error;
         }
         await chat.release(prepared);
-        if (timer.signal.aborted)
-          throw new ApiError(504, MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
+        if (timedOut) throw new ApiError(504, MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
         throw toApiError(error);
       }
       settlement = await chat.settle(prepared, usage, produced());
     } finally {
       clearTimeout(timeout);
+      ctx.signal.removeEventListener('abort', onAbort);
       prepared.done();
     }
     const { stripTags, dropReasoning } = visibility(prepared);
@@ -281,26 +295,42 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
           'X-Accel-Buffering': 'no',
         });
         res.flushHeaders();
-        const send = async (payload: unknown) => {
-          if (res.destroyed || aborter.signal.aborted) return;
-          const ok = res.write(
-            `data: ${typeof payload === 'string' ? payload : JSON.stringify(payload)}\n\n`,
-          );
-          if (!ok)
-            await new Promise<void>((resolve) => {
-              const done = () => {
-                res.off('drain', done);
-                res.off('close', done);
-                resolve();
-              };
-              res.on('drain', done);
-              res.on('close', done);
-            });
+        const drained = () =>
+          new Promise<void>((resolve) => {
+            const done = () => {
+              res.off('drain', done);
+              res.off('close', done);
+              resolve();
+            };
+            res.on('drain', done);
+            res.on('close', done);
+          });
+        // The frames written in one turn of the event loop leave together (one socket write, not one per
+        // frame): corked at the first, uncorked once the turn's work is done. Frames are not held any longer.
+        let corked = false;
+        const uncork = () => {
+          corked = false;
+          res.uncork();
         };
-        const chunk = (choice: ChatCompletionChunk['choices'][number]): ChatCompletionChunk => ({
-          ...base,
-          choices: [choice],
-        });
+        /** Writes one `data:` frame; a promise only when the socket asks to wait (backpressure). */
+        const write = (data: string): Promise<void> | undefined => {
+          if (res.destroyed || aborter.signal.aborted) return undefined;
+          if (!corked) {
+            corked = true;
+            res.cork();
+            process.nextTick(uncork);
+          }
+          return res.write(`data: ${data}\n\n`) ? undefined : drained();
+        };
+        const send = async (payload: unknown) => {
+          await write(typeof payload === 'string' ? payload : JSON.stringify(payload));
+        };
+        // Every chunk of one choice is `{...base, choices: [choice]}`: the part before the choice is the same
+        // for the whole stream (`{"id":…,"choices":[`), so it is serialised once: the same bytes as serialising
+        // the whole chunk.
+        const chunkHead = JSON.stringify({ ...base, choices: [] }).slice(0, -2);
+        const sendChoice = (choice: ChatCompletionChunk['choices'][number]) =>
+          write(`${chunkHead}${JSON.stringify(choice)}]}`);
         let usage: ProviderUsage | undefined;
         let failure: unknown;
         // `include_search_results_in_stream`: the sources come first, in a chunk without choices.
@@ -314,54 +344,54 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
             else {
               const state = choices[event.index];
               if (state) {
-                const role = state.started ? {} : { role: 'assistant' as const };
+                const opening = !state.started;
                 state.started = true;
                 if (event.type === 'delta') {
-                  produced +=
-                    (event.content ?? '') +
-                    (event.reasoning ?? '') +
-                    (event.toolCalls ?? [])
-                      .map((t) => (t.function?.name ?? '') + (t.function?.arguments ?? ''))
-                      .join('');
+                  const toolCalls = event.toolCalls;
+                  if (event.content !== undefined) produced += event.content;
+                  if (event.reasoning !== undefined) produced += event.reasoning;
+                  if (toolCalls)
+                    for (const t of toolCalls)
+                      produced += (t.function?.name ?? '') + (t.function?.arguments ?? '');
                   let content = event.content;
                   if (content !== undefined && state.stripper) content = state.stripper.push(content);
                   const reasoning = dropReasoning ? undefined : event.reasoning;
                   // The documents call comes first in each choice; the model's own calls follow it.
-                  const calls = [
-                    ...(role.role && documents
-                      ? [
-                          {
-                            index: 0,
-                            id: documents.id,
-                            type: 'function' as const,
-                            function: documents.function,
-                          },
-                        ]
-                      : []),
-                    ...(event.toolCalls ?? []).map((t) => (documents ? { ...t, index: t.index + 1 } : t)),
-                  ];
-                  const delta = {
-                    ...role,
-                    ...(content !== undefined && (content !== '' || role.role) ? { content } : {}),
-                    ...(reasoning ? { reasoning_content: reasoning } : {}),
-                    ...(calls.length > 0 ? { tool_calls: calls } : {}),
-                  };
-                  if (Object.keys(delta).length > 0 || event.logprobs)
-                    await send(
-                      chunk({
-                        index: event.index,
-                        delta,
-                        finish_reason: null,
-                        ...(event.logprobs && prepared.request.logprobs
-                          ? { logprobs: logprobsBody(event.logprobs) }
-                          : {}),
-                      }),
+                  let calls: ToolCallDelta[] | undefined;
+                  if (opening && documents)
+                    calls = [{ index: 0, id: documents.id, type: 'function', function: documents.function }];
+                  if (toolCalls && toolCalls.length > 0) {
+                    calls ??= [];
+                    for (const t of toolCalls) calls.push(documents ? { ...t, index: t.index + 1 } : t);
+                  }
+                  // Keys in the order the interface's examples show them: role, content, reasoning, calls.
+                  const delta: ChatCompletionChunk['choices'][number]['delta'] = {};
+                  if (opening) delta.role = 'assistant';
+                  if (content !== undefined && (content !== '' || opening)) delta.content = content;
+                  if (reasoning) delta.reasoning_content = reasoning;
+                  if (calls) delta.tool_calls = calls as NonNullable<typeof delta.tool_calls>;
+                  if (opening || delta.content !== undefined || reasoning || calls || event.logprobs) {
+                    const written = sendChoice(
+                      event.logprobs && prepared.request.logprobs
+                        ? {
+                            index: event.index,
+                            delta,
+                            finish_reason: null,
+                            logprobs: logprobsBody(event.logprobs),
+                          }
+                        : { index: event.index, delta, finish_reason: null },
                     );
+                    if (written) await written;
+                  }
                 } else {
                   const rest = state.stripper?.flush();
                   if (rest)
-                    await send(chunk({ index: event.index, delta: { content: rest }, finish_reason: null }));
-                  await send(chunk({ index: event.index, delta: role, finish_reason: event.reason }));
+                    await sendChoice({ index: event.index, delta: { content: rest }, finish_reason: null });
+                  await sendChoice({
+                    index: event.index,
+                    delta: opening ? { role: 'assistant' } : {},
+                    finish_reason: event.reason,
+                  });
                 }
               }
             }

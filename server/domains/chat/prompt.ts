@@ -107,8 +107,12 @@ export async function buildMessages(input: {
     if (Array.isArray(message.tool_calls) && message.tool_calls.length > 0)
       next.tool_calls = message.tool_calls as ProviderMessage['tool_calls'];
     if (typeof message.tool_call_id === 'string') next.tool_call_id = message.tool_call_id;
-    const extra = Object.fromEntries(PASS_BACK.filter((k) => message[k] != null).map((k) => [k, message[k]]));
-    if (Object.keys(extra).length > 0 && role === 'assistant') next.extra = extra;
+    if (role === 'assistant') {
+      const extra = Object.fromEntries(
+        PASS_BACK.filter((k) => message[k] != null).map((k) => [k, message[k]]),
+      );
+      if (Object.keys(extra).length > 0) next.extra = extra;
+    }
     out.push(next);
   }
   const maxImages = caps.supportsMultipleImages === true ? Number(caps.maxImages ?? 10) : 1;

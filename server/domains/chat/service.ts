@@ -27,6 +27,7 @@ import {
   type ProviderTool,
   type ProviderToolChoice,
   type ProviderUsage,
+  type SamplingOptions,
 } from '../../providers/chat/types.ts';
 import type { SearchProvider, SearchResult } from '../../providers/search/types.ts';
 import type { Reservation } from '../../storage/ledger.ts';
@@ -128,8 +129,68 @@ function toolsOf(body: ChatCompletionRequest): ProviderTool[] | undefined {
   return tools.length > 0 ? tools.map((t) => ({ ...t, type: 'function' })) : undefined;
 }
 
+const DONE: IteratorReturnResult<undefined> = { done: true, value: undefined };
+
 export function createChatService(deps: ChatServiceDeps) {
   const { acquire } = createSlots();
+
+  /** The events of the first backend that produces any, trying the next on a retryable failure before that. */
+  function failover(prepared: PreparedChat, signal: AbortSignal): AsyncIterator<ChatEvent> {
+    let next = 0;
+    let provider: ChatProvider | undefined;
+    let events: AsyncIterator<ChatEvent> | undefined;
+    let produced = false;
+    let finished = false;
+    let lastError: unknown;
+    return {
+      async next(): Promise<IteratorResult<ChatEvent>> {
+        for (;;) {
+          if (finished) return DONE;
+          if (!events || !provider) {
+            const backend = prepared.backends[next++];
+            if (!backend) {
+              finished = true;
+              throw lastError;
+            }
+            provider = deps.providerFor(backend);
+            produced = false;
+            events = provider
+              .stream({
+                ...prepared.request,
+                model: backend.kind === 'local' ? prepared.model.id : backend.upstreamModel,
+                signal,
+              })
+              [Symbol.asyncIterator]();
+          }
+          try {
+            const result = await events.next();
+            if (result.done) {
+              finished = true;
+              return DONE;
+            }
+            if (!produced) prepared.router = provider.name;
+            produced = true;
+            return result;
+          } catch (error) {
+            lastError = error;
+            const retryable =
+              error instanceof ChatProviderError && (error.kind === 'capacity' || error.kind === 'failed');
+            if (produced || !retryable || signal.aborted) {
+              finished = true;
+              throw error;
+            }
+            events = undefined;
+          }
+        }
+      },
+      async return(): Promise<IteratorResult<ChatEvent>> {
+        const open = finished ? undefined : events;
+        finished = true;
+        await open?.return?.();
+        return DONE;
+      },
+    };
+  }
 
   /** Backends in the order to try: a `prompt_cache_key` always starts at the same one. */
   function backendOrder(model: CatalogModel, key: string | undefined): Backend[] {
@@ -247,22 +308,23 @@ export function createChatService(deps: ChatServiceDeps) {
         : undefined;
       const stop = body.stop == null ? undefined : typeof body.stop === 'string' ? [body.stop] : body.stop;
       const constraints = (model.spec.constraints ?? {}) as Record<string, { default?: number } | undefined>;
-      const sampling = Object.fromEntries(
-        Object.entries({
-          temperature: body.temperature ?? constraints.temperature?.default,
-          top_p: body.top_p ?? constraints.top_p?.default,
-          top_k: body.top_k,
-          min_p: body.min_p,
-          min_temp: body.min_temp,
-          max_temp: body.max_temp,
-          frequency_penalty: body.frequency_penalty,
-          presence_penalty: body.presence_penalty,
-          repetition_penalty: body.repetition_penalty ?? constraints.repetition_penalty?.default,
-          seed: body.seed,
-          stop,
-          stop_token_ids: body.stop_token_ids,
-        }).filter(([, v]) => v !== undefined),
-      );
+      // Set fields only, in this order (an upstream receives them as they are listed here).
+      const sampling: SamplingOptions = {};
+      const temperature = body.temperature ?? constraints.temperature?.default;
+      if (temperature !== undefined) sampling.temperature = temperature;
+      const topP = body.top_p ?? constraints.top_p?.default;
+      if (topP !== undefined) sampling.top_p = topP;
+      if (body.top_k !== undefined) sampling.top_k = body.top_k;
+      if (body.min_p !== undefined) sampling.min_p = body.min_p;
+      if (body.min_temp !== undefined) sampling.min_temp = body.min_temp;
+      if (body.max_temp !== undefined) sampling.max_temp = body.max_temp;
+      if (body.frequency_penalty !== undefined) sampling.frequency_penalty = body.frequency_penalty;
+      if (body.presence_penalty !== undefined) sampling.presence_penalty = body.presence_penalty;
+      const repetitionPenalty = body.repetition_penalty ?? constraints.repetition_penalty?.default;
+      if (repetitionPenalty !== undefined) sampling.repetition_penalty = repetitionPenalty;
+      if (body.seed !== undefined) sampling.seed = body.seed;
+      if (stop !== undefined) sampling.stop = stop;
+      if (body.stop_token_ids !== undefined) sampling.stop_token_ids = body.stop_token_ids;
       // Web work: scraping the user's URLs bypasses search; `auto` searches when the message asks for facts.
       const userText = lastUserText(body.messages);
       const scrapeUrls = options.enable_web_scraping && deps.web?.scraper ? extractUrls(userText) : [];
@@ -364,31 +426,13 @@ export function createChatService(deps: ChatServiceDeps) {
       }
     },
 
-    /** The provider events, with failover to the next backend while nothing was produced. */
-    async *run(prepared: PreparedChat, signal: AbortSignal): AsyncGenerator<ChatEvent> {
-      let lastError: unknown;
-      for (const backend of prepared.backends) {
-        const provider = deps.providerFor(backend);
-        let produced = false;
-        try {
-          for await (const event of provider.stream({
-            ...prepared.request,
-            model: backend.kind === 'local' ? prepared.model.id : backend.upstreamModel,
-            signal,
-          })) {
-            if (!produced) prepared.router = provider.name;
-            produced = true;
-            yield event;
-          }
-          return;
-        } catch (error) {
-          lastError = error;
-          const retryable =
-            error instanceof ChatProviderError && (error.kind === 'capacity' || error.kind === 'failed');
-          if (produced || !retryable || signal.aborted) throw error;
-        }
-      }
-      throw lastError;
+    /**
+     * The provider events, with failover to the next backend while nothing was produced. A plain iterator
+     * over the provider's (not an async generator around it): one promise per event, not a generator's
+     * queue and two awaits.
+     */
+    run(prepared: PreparedChat, signal: AbortSignal): AsyncIterable<ChatEvent> {
+      return { [Symbol.asyncIterator]: () => failover(prepared, signal) };
     },
 
     /** Captures what the request used (or, when it was cut short, what it had produced). */
@@ -492,7 +536,10 @@ const KNOWN_FIELDS = new Set([
 
 /** Request fields the interface does not list: passed to upstreams as they came. */
 function passthroughOf(body: ChatCompletionRequest): Record<string, unknown> {
-  return Object.fromEntries(Object.entries(body).filter(([key]) => !KNOWN_FIELDS.has(key)));
+  const out: Record<string, unknown> = {};
+  for (const key in body)
+    if (Object.hasOwn(body, key) && !KNOWN_FIELDS.has(key)) out[key] = (body as Record<string, unknown>)[key];
+  return out;
 }
 
 function availableOf(cause: unknown): bigint | undefined {

@@ -10,7 +10,7 @@
  */
 import { createHash } from 'node:crypto';
 import { mulberry32 } from '../random.ts';
-import { countMessageTokens, countPromptTokens, decodeTokens, encodeText } from './tokenizer.ts';
+import { countMessageTokens, countPromptTokens, countTokens, decodeToken, encodeText } from './tokenizer.ts';
 import type {
   ChatEvent,
   ChatProvider,
@@ -18,7 +18,6 @@ import type {
   FinishReason,
   ProviderMessage,
   ProviderTool,
-  TokenLogprob,
   TopLogprob,
 } from './types.ts';
 
@@ -90,84 +89,147 @@ function createSampler(
 ): Sampler {
   const s = request.sampling;
   const counts = new Map<string, number>();
-  const pool = [...new Set([...lexicon, ...promptWords])];
+  const pool = poolOf(lexicon, promptWords);
   const prompted = new Set(promptWords);
+  const frequencyPenalty = s.frequency_penalty ?? 0;
+  const presencePenalty = s.presence_penalty ?? 0;
+  const repetitionPenalty = s.repetition_penalty;
+  const topK = s.top_k;
+  const minP = s.min_p ?? 0;
+  const topP = s.top_p;
+  const dynamic = s.max_temp !== undefined || s.min_temp !== undefined;
+  // The draw's working arrays, reused from word to word (the candidates in drawn order, then sorted).
+  const words: string[] = [];
+  const logits: number[] = [];
+  const order: number[] = [];
+  const probs: number[] = [];
+  const allowed: number[] = [];
   return {
     next(previous) {
       const start = hash32(previous) % pool.length;
-      const candidates: { word: string; logit: number }[] = [];
-      const taken = new Set<string>();
+      let size = 0;
       for (let k = 0; k < 16; k++) {
         const word = pool[(start + k * 7) % pool.length] as string;
-        if (taken.has(word)) continue;
-        taken.add(word);
+        let taken = false;
+        for (let j = 0; j < size; j++)
+          if (words[j] === word) {
+            taken = true;
+            break;
+          }
+        if (taken) continue;
         let logit = -0.35 * k + (prompted.has(word) ? 0.6 : 0);
         const used = counts.get(word) ?? 0;
-        logit -= (s.frequency_penalty ?? 0) * used + (s.presence_penalty ?? 0) * (used > 0 ? 1 : 0);
-        if (used > 0 && s.repetition_penalty && s.repetition_penalty > 0)
-          logit -= Math.log(s.repetition_penalty);
-        candidates.push({ word, logit });
+        logit -= frequencyPenalty * used + presencePenalty * (used > 0 ? 1 : 0);
+        if (used > 0 && repetitionPenalty && repetitionPenalty > 0) logit -= Math.log(repetitionPenalty);
+        words[size] = word;
+        logits[size] = logit;
+        // Stable insertion by descending logit: the order a stable sort gives.
+        let at = size;
+        while (at > 0 && (logits[order[at - 1] as number] as number) < logit) {
+          order[at] = order[at - 1] as number;
+          at--;
+        }
+        order[at] = size;
+        size++;
       }
-      candidates.sort((a, b) => b.logit - a.logit);
       let temperature = s.temperature ?? 0.8;
-      if (s.max_temp !== undefined || s.min_temp !== undefined) {
+      if (dynamic) {
         // Dynamic temperature: the flatter the candidates, the hotter the draw, within [min_temp, max_temp].
         const lo = s.min_temp ?? 0;
         const hi = Math.max(lo, s.max_temp ?? 2);
-        const spread = (candidates[0]?.logit ?? 0) - (candidates[candidates.length - 1]?.logit ?? 0);
+        const spread =
+          size > 0
+            ? (logits[order[0] as number] as number) - (logits[order[size - 1] as number] as number)
+            : 0;
         temperature = lo + (hi - lo) * Math.max(0, Math.min(1, 1 - spread / 8));
       }
-      const probs = softmax(candidates.map((c) => c.logit / Math.max(temperature, 1e-6)));
-      // An object literal, not `{ ...c, p }`: the spread copy was the engine's single biggest cost.
-      let allowed = candidates.map((c, i) => ({ word: c.word, logit: c.logit, p: probs[i] ?? 0 }));
-      if (s.top_k && s.top_k > 0) allowed = allowed.slice(0, s.top_k);
-      const minP = s.min_p ?? 0;
+      // Softmax over the sorted candidates' logits / temperature, in the same order of operations as ever.
+      const divisor = Math.max(temperature, 1e-6);
+      let max = Number.NEGATIVE_INFINITY;
+      for (let i = 0; i < size; i++) {
+        const scaled = (logits[order[i] as number] as number) / divisor;
+        probs[i] = scaled;
+        if (scaled > max) max = scaled;
+      }
+      let sum = 0;
+      for (let i = 0; i < size; i++) {
+        const e = Math.exp((probs[i] as number) - max);
+        probs[i] = e;
+        sum += e;
+      }
+      for (let i = 0; i < size; i++) probs[i] = (probs[i] as number) / sum;
+      // The allowed candidates, as positions in the sorted order.
+      // `top_k` as `slice(0, top_k)` reads it (a fraction truncated).
+      let count = topK && topK > 0 ? Math.min(size, Math.trunc(topK)) : size;
+      for (let i = 0; i < count; i++) allowed[i] = i;
       if (minP > 0) {
-        const top = allowed[0]?.p ?? 0;
-        allowed = allowed.filter((c) => c.p >= minP * top);
+        const top = count > 0 ? (probs[0] as number) : 0;
+        let kept = 0;
+        for (let i = 0; i < count; i++) {
+          const at = allowed[i] as number;
+          if ((probs[at] as number) >= minP * top) allowed[kept++] = at;
+        }
+        count = kept;
       }
-      if (s.top_p !== undefined && s.top_p < 1) {
+      if (topP !== undefined && topP < 1) {
         let mass = 0;
-        allowed = allowed.filter((c) => {
-          const keep = mass < (s.top_p as number) || mass === 0;
-          mass += c.p;
-          return keep;
-        });
+        let kept = 0;
+        for (let i = 0; i < count; i++) {
+          const at = allowed[i] as number;
+          if (mass < topP || mass === 0) allowed[kept++] = at;
+          mass += probs[at] as number;
+        }
+        count = kept;
       }
-      let chosen = allowed[0] ?? { word: 'the', p: 1 };
+      let chosenWord = 'the';
+      let chosenP = 1;
+      if (count > 0) {
+        chosenWord = words[order[allowed[0] as number] as number] as string;
+        chosenP = probs[allowed[0] as number] as number;
+      }
       if (temperature > 0) {
-        const total = allowed.reduce((sum, c) => sum + c.p, 0);
+        let total = 0;
+        for (let i = 0; i < count; i++) total += probs[allowed[i] as number] as number;
         let r = random() * total;
-        for (const c of allowed) {
-          r -= c.p;
+        for (let i = 0; i < count; i++) {
+          const at = allowed[i] as number;
+          const p = probs[at] as number;
+          r -= p;
           if (r <= 0) {
-            chosen = c;
+            chosenWord = words[order[at] as number] as string;
+            chosenP = p;
             break;
           }
         }
       }
-      counts.set(chosen.word, (counts.get(chosen.word) ?? 0) + 1);
-      return {
-        word: chosen.word,
-        logprob: logOf(chosen.p),
-        // Only kept when top log probabilities are asked for: 16 objects a word, held for a whole stream.
-        alternatives: withAlternatives
-          ? candidates.map((c, i) => ({ word: c.word, logprob: logOf(probs[i] ?? 0) }))
-          : NO_ALTERNATIVES,
-      };
+      counts.set(chosenWord, (counts.get(chosenWord) ?? 0) + 1);
+      let alternatives = NO_ALTERNATIVES;
+      // Only kept when top log probabilities are asked for: 16 objects a word, held for a whole stream.
+      if (withAlternatives) {
+        alternatives = [];
+        for (let i = 0; i < size; i++)
+          alternatives.push({ word: words[order[i] as number] as string, logprob: logOf(probs[i] ?? 0) });
+      }
+      return { word: chosenWord, logprob: logOf(chosenP), alternatives };
     },
   };
 }
 
-function logOf(p: number): number {
-  return Math.max(-100, Math.log(Math.max(p, 1e-44)));
+const pools = new Map<string, string[]>();
+
+/** The lexicon's words then the prompt's new ones (remembered for repeated prompts: a bounded memo). */
+function poolOf(lexicon: string[], promptWords: string[]): string[] {
+  const key = `${lexicon === LEXICON ? 'L' : 'R'}${promptWords.join(' ')}`;
+  const known = pools.get(key);
+  if (known) return known;
+  const pool = [...new Set([...lexicon, ...promptWords])];
+  if (pools.size >= 256) pools.clear();
+  pools.set(key, pool);
+  return pool;
 }
 
-function softmax(logits: number[]): number[] {
-  const max = Math.max(...logits);
-  const exps = logits.map((l) => Math.exp(l - max));
-  const sum = exps.reduce((a, b) => a + b, 0);
-  return exps.map((e) => e / sum);
+function logOf(p: number): number {
+  return Math.max(-100, Math.log(Math.max(p, 1e-44)));
 }
 
 /** A piece of generated text with the log probability of its first token. */
@@ -298,12 +360,18 @@ function pickTool(request: ChatProviderRequest): ProviderTool | undefined {
   return tools.find((t) => text.includes(t.function.name.toLowerCase())) ?? tools[0];
 }
 
+function isMarked(message: ProviderMessage): boolean {
+  return Array.isArray(message.content) && message.content.some((p) => p.cache_control !== undefined);
+}
+
 /** Prompt caching: prefixes ending at a `cache_control` part, remembered per model. */
 function createPromptCache(capacity: number) {
   const entries = new Map<string, true>();
   return {
     /** Returns [cached tokens, tokens written] for this request, and remembers its prefixes. */
     account(model: string, messages: readonly ProviderMessage[]): [number, number] {
+      // No `cache_control` part: nothing read, nothing written (and no digest to work out).
+      if (!messages.some(isMarked)) return [0, 0];
       const breakpoints: { key: string; tokens: number }[] = [];
       const digest = createHash('sha256').update(model);
       let tokens = 3;
@@ -312,9 +380,7 @@ function createPromptCache(capacity: number) {
           JSON.stringify([message.role, message.content, message.name ?? null, message.tool_calls ?? null]),
         );
         tokens += countMessageTokens(message);
-        const marked =
-          Array.isArray(message.content) && message.content.some((p) => p.cache_control !== undefined);
-        if (marked) breakpoints.push({ key: digest.copy().digest('hex'), tokens });
+        if (isMarked(message)) breakpoints.push({ key: digest.copy().digest('hex'), tokens });
       }
       let cached = 0;
       for (const b of breakpoints) if (entries.has(b.key)) cached = Math.max(cached, b.tokens);
@@ -335,6 +401,25 @@ function bytesOf(text: string): number[] {
   return [...Buffer.from(text, 'utf8')];
 }
 
+const pieceTokens = new Map<string, readonly number[]>();
+
+/**
+ * The tokens of a generated piece (a word with its space and punctuation); the pieces' tokens are remembered
+ * (a bounded memo of a small vocabulary: same values). The array is shared: read it, never change it.
+ */
+function encodePiece(text: string): readonly number[] {
+  const known = pieceTokens.get(text);
+  if (known) return known;
+  const tokens = encodeText(text);
+  if (text.length <= 64) {
+    if (pieceTokens.size >= 4096) pieceTokens.clear();
+    pieceTokens.set(text, tokens);
+  }
+  return tokens;
+}
+
+const NO_TOP: TopLogprob[] = [];
+
 /**
  * The tokens of the pieces, with their top alternatives. Lazy: a bounded answer (`max_tokens`) tokenizes
  * only what it sends, and the alternatives are worked out only when they are asked for (`top` > 0).
@@ -345,28 +430,32 @@ function* planPieces(
   top: number,
 ): Generator<PlannedToken, void, undefined> {
   for (const piece of pieces) {
-    const tokens = encodeText(piece.text);
-    for (const [i, token] of tokens.entries()) {
+    const tokens = encodePiece(piece.text);
+    for (let i = 0; i < tokens.length; i++) {
+      const token = tokens[i] as number;
       const logprob = i === 0 ? piece.logprob : -0.0001;
       if (top === 0) {
-        yield { channel, token, logprob, top: [] };
+        yield { channel, token, logprob, top: NO_TOP };
         continue;
       }
       const alternatives =
         i === 0
           ? piece.alternatives.map((a) => ({
-              token: decodeTokens([
-                encodeText(piece.text.startsWith(' ') ? ` ${a.word}` : a.word)[0] as number,
-              ]),
+              token: decodeToken(
+                encodePiece(piece.text.startsWith(' ') ? ` ${a.word}` : a.word)[0] as number,
+              ),
               logprob: a.logprob,
             }))
-          : [{ token: decodeTokens([token]), logprob }];
+          : [{ token: decodeToken(token), logprob }];
       const seen = new Set<string>();
       const list = alternatives.filter((a) => !seen.has(a.token) && seen.add(a.token)).slice(0, top);
       yield { channel, token, logprob, top: list.map((a) => ({ ...a, bytes: bytesOf(a.token) })) };
     }
   }
 }
+
+/** Tokens generated between two turns of the event loop when no delay is set. */
+const TOKENS_PER_TURN = 16;
 
 function fixedPiece(text: string): Piece {
   return { text, logprob: -0.0001, alternatives: [] };
@@ -382,11 +471,22 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
     name: 'local',
     async *stream(request: ChatProviderRequest): AsyncGenerator<ChatEvent> {
       const signal = request.signal;
+      // With a delay, every token waits it. Without, the engine still lets the event loop run (other
+      // requests, socket writes, aborts) every few tokens, not after each one: same events, fewer turns.
+      let unpaused = 0;
+      const pauseDue = (): boolean => {
+        if (delay > 0 || ++unpaused >= TOKENS_PER_TURN) {
+          unpaused = 0;
+          return true;
+        }
+        return false;
+      };
       const promptTokens = countPromptTokens(request.messages, request.tools);
       const [cachedTokens, cacheCreationTokens] = cache.account(request.model, request.messages);
       const baseSeed = request.sampling.seed ?? Math.floor(Math.random() * 2 ** 31);
       const promptWords = promptWordsOf(request.messages);
-      const requested = /\b(\d{1,5})\s+words?\b/i.exec(lastUserText(request.messages));
+      const lastUser = lastUserText(request.messages);
+      const requested = /\b(\d{1,5})\s+words?\b/i.exec(lastUser);
       const topN = request.logprobs?.top ?? 0;
       let completionTokens = 0;
       let reasoningTokens = 0;
@@ -394,7 +494,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
       for (let index = 0; index < request.n; index++) {
         const random = mulberry32(baseSeed * 31 + index);
         // Length and sentence breaks follow the prompt, so a greedy draw gives one answer whatever the seed.
-        const shape = mulberry32(hash32(`${lastUserText(request.messages)}\u0000${index}`));
+        const shape = mulberry32(hash32(`${lastUser}\u0000${index}`));
         const sampler = createSampler(request, random, promptWords, LEXICON, topN > 0);
         const budget = request.maxTokens;
         const plan: PlannedToken[] = [];
@@ -428,7 +528,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
         for (const planned of plan) {
           if (emitted >= budget) break;
           signal?.throwIfAborted();
-          const text = decodeTokens([planned.token]);
+          const text = decodeToken(planned.token);
           emitted++;
           reasoningTokens++;
           const lp =
@@ -439,7 +539,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
           yield reasoning?.tags
             ? { type: 'delta', index, content: text, ...(lp ? { logprobs: lp } : {}) }
             : { type: 'delta', index, reasoning: text, ...(lp ? { logprobs: lp } : {}) };
-          await pause();
+          if (pauseDue()) await pause();
         }
         if (plan.length > 0 && emitted >= budget) finish = 'length';
         if (finish !== 'length' && tool) {
@@ -458,7 +558,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
               { index: 0, id, type: 'function', function: { name: tool.function.name, arguments: '' } },
             ],
           };
-          emitted += encodeText(tool.function.name).length;
+          emitted += countTokens(tool.function.name);
           for (const token of encodeText(args)) {
             signal?.throwIfAborted();
             if (emitted >= budget) {
@@ -469,9 +569,9 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
             yield {
               type: 'delta',
               index,
-              toolCalls: [{ index: 0, function: { arguments: decodeTokens([token]) } }],
+              toolCalls: [{ index: 0, function: { arguments: decodeToken(token) } }],
             };
-            await pause();
+            if (pauseDue()) await pause();
           }
           if (finish !== 'length') finish = 'tool_calls';
         } else if (finish !== 'length') {
@@ -523,32 +623,30 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
               finish = 'length';
               break;
             }
-            let text = decodeTokens([planned.token]);
+            let text = decodeToken(planned.token);
             const room = cut - sent;
             if (room <= 0) break;
             const partial = text.length > room;
             if (partial) text = text.slice(0, room);
             sent += text.length;
             emitted += partial ? encodeText(text).length : 1;
-            yield {
-              type: 'delta',
-              index,
-              content: text,
-              ...(request.logprobs
-                ? {
-                    logprobs: [
-                      {
-                        token: text,
-                        logprob: planned.logprob,
-                        bytes: bytesOf(text),
-                        top_logprobs: planned.top,
-                      },
-                    ] as TokenLogprob[],
-                  }
-                : {}),
-            };
+            yield request.logprobs
+              ? {
+                  type: 'delta',
+                  index,
+                  content: text,
+                  logprobs: [
+                    {
+                      token: text,
+                      logprob: planned.logprob,
+                      bytes: bytesOf(text),
+                      top_logprobs: planned.top,
+                    },
+                  ],
+                }
+              : { type: 'delta', index, content: text };
             if (partial) break;
-            await pause();
+            if (pauseDue()) await pause();
           }
         }
         completionTokens += emitted;

@@ -41,19 +41,93 @@ export function loadO200kRanks(): (string | number[])[] {
   return ranks;
 }
 
-const { decode, encode } = GptEncoding.getEncodingApi('o200k_base', loadO200kRanks);
+/** The ranks the encoding decodes with (the library's own table, referenced, not copied). */
+let ranks: readonly (string | number[])[] = [];
+const encoding = GptEncoding.getEncodingApi('o200k_base', () => {
+  ranks = loadO200kRanks();
+  return ranks as (string | number[])[];
+});
+const { decode, encode } = encoding;
+
+/**
+ * Special tokens are plain text here (`<|endoftext|>` in a prompt is counted as the text it is): one options
+ * object for every call (the library reads the sets and keeps nothing of them).
+ */
+const PLAIN_TEXT = Object.freeze({ allowedSpecial: new Set<string>(), disallowedSpecial: new Set<string>() });
 
 /** Tokens of a text. */
 export function encodeText(text: string): number[] {
-  return encode(text, { allowedSpecial: new Set(), disallowedSpecial: new Set() });
+  return encode(text, PLAIN_TEXT);
 }
 
+/** How many tokens `encodeText` would give (the library's count, without building the array). */
 export function countTokens(text: string): number {
-  return text ? encodeText(text).length : 0;
+  return text ? encoding.countTokens(text, PLAIN_TEXT) : 0;
 }
 
 export function decodeTokens(tokens: readonly number[]): string {
   return decode(tokens);
+}
+
+/**
+ * The text of one token, as `decodeTokens([token])` gives it: a token whose bytes are UTF-8 text is its
+ * rank's string (what the library returns for it, with no decoder in between); any other token (a part of a
+ * character, a special token) goes through the library, whose streaming decoder carries partial bytes over.
+ */
+export function decodeToken(token: number): string {
+  const text = ranks[token];
+  return typeof text === 'string' ? text : decode([token]);
+}
+
+/**
+ * Token counts of prompt texts, remembered: a multi-turn chat resends its whole history every turn and
+ * system prompts and tool definitions repeat, and the same prompt is counted by the domain (to reserve) and
+ * by the local engine (to report usage). A count is a pure function of the text, so a remembered count is
+ * the count. Bounded both ways: at most `entries` texts and `bytes` of text (UTF-16, two bytes a unit);
+ * texts longer than `maxTextBytes` are never kept; the least recently used go first.
+ */
+export function createTokenCountCache(limits: { entries: number; bytes: number; maxTextBytes: number }) {
+  const counts = new Map<string, number>();
+  let bytes = 0;
+  return {
+    count(text: string): number {
+      if (!text) return 0;
+      const known = counts.get(text);
+      if (known !== undefined) {
+        // Most recently used last (Map order is insertion order).
+        counts.delete(text);
+        counts.set(text, known);
+        return known;
+      }
+      const value = countTokens(text);
+      const size = text.length * 2;
+      if (size > limits.maxTextBytes) return value;
+      counts.set(text, value);
+      bytes += size;
+      while (counts.size > limits.entries || bytes > limits.bytes) {
+        const oldest = counts.keys().next().value as string;
+        counts.delete(oldest);
+        bytes -= oldest.length * 2;
+      }
+      return value;
+    },
+    /** Entries and bytes held (for tests). */
+    size(): { entries: number; bytes: number } {
+      return { entries: counts.size, bytes };
+    },
+  };
+}
+
+/** The process's prompt-text counts: 4,096 texts and 4 MiB at most, none over 256 KiB. */
+const promptCounts = createTokenCountCache({
+  entries: 4096,
+  bytes: 4 * 1024 * 1024,
+  maxTextBytes: 256 * 1024,
+});
+
+/** `countTokens` for prompt texts (messages, names, roles, tool definitions), through the bounded cache. */
+export function countPromptTextTokens(text: string): number {
+  return promptCounts.count(text);
 }
 
 /** What an image, audio clip or video costs in prompt tokens (a flat estimate, as OpenAI's low detail). */
@@ -70,9 +144,9 @@ export function messageText(message: ProviderMessage): string {
     typeof message.content === 'string'
       ? message.content
       : (message.content ?? []).map((part) => (part.type === 'text' ? part.text : '')).join('\n');
-  const calls = (message.tool_calls ?? [])
-    .map((c) => `${c.function.name}(${c.function.arguments})`)
-    .join('\n');
+  const toolCalls = message.tool_calls;
+  if (!toolCalls || toolCalls.length === 0) return content;
+  const calls = toolCalls.map((c) => `${c.function.name}(${c.function.arguments})`).join('\n');
   return calls ? `${content}\n${calls}` : content;
 }
 
@@ -83,10 +157,10 @@ export function countMessageTokens(message: ProviderMessage): number {
     : 0;
   return (
     MESSAGE_OVERHEAD +
-    countTokens(message.role) +
-    countTokens(messageText(message)) +
+    countPromptTextTokens(message.role) +
+    countPromptTextTokens(messageText(message)) +
     media +
-    (message.name ? countTokens(message.name) + 1 : 0)
+    (message.name ? countPromptTextTokens(message.name) + 1 : 0)
   );
 }
 
@@ -97,6 +171,6 @@ export function countPromptTokens(
 ): number {
   let total = REPLY_PRIMING;
   for (const message of messages) total += countMessageTokens(message);
-  if (tools && tools.length > 0) total += countTokens(JSON.stringify(tools));
+  if (tools && tools.length > 0) total += countPromptTextTokens(JSON.stringify(tools));
   return total;
 }
