@@ -1,6 +1,7 @@
 /**
  * Small helpers shared by the repositories: value conversions that make both engines return the same domain
- * types, UTC day arithmetic for the DIEM epoch and key limit periods, and driver error classification.
+ * types, UTC day arithmetic for the DIEM epoch and key limit periods, driver error classification, the
+ * default id source (time-ordered UUIDs) and statements compiled once.
  */
 import { randomFillSync } from 'node:crypto';
 import type { Compilable, CompiledQuery, QueryResult } from 'kysely';
@@ -29,8 +30,8 @@ const MAX_MS = 2 ** 48 - 1;
  * A source of time-ordered ids (RFC 9562 UUIDv7, lowercase): 48 bits of the clock's milliseconds, the version
  * nibble 7, a 26-bit counter (12 bits before the variant bits `10`, 14 after), then 48 random bits. New rows
  * of a table keyed by these ids land at the end of its primary-key B-tree (and of the indexes that lead with
- * the id) instead of on a random leaf, so an insert touches the pages the previous one touched: fewer pages
- * read and dirtied per write, and tables of millions of rows stay dense.
+ * the id) instead of on a random leaf: the inserts of one commit group share that last leaf instead of
+ * dirtying one leaf each, and the pages an insert needs stay in the cache however large the table grows.
  *
  * Ids of one source are strictly increasing: within a millisecond (or when the clock steps back) the counter
  * counts on from the previous id; each new millisecond starts it at a random value below 2^25, so ids from
