@@ -48,11 +48,16 @@ const config = loadConfig({
   VIDEO_WORKER_ENABLED: 'false',
   RPC_REQUESTS_PER_MINUTE: '1000000000',
   RPC_CREDITS_PER_DAY: '1000000000000',
+  // Counting instructions (BENCH_MARKS=1, about 50 times slower): no work on timers in the measured requests.
+  ...(process.env.BENCH_MARKS === '1' ? { API_KEY_CACHE_TTL_MS: '60000' } : {}),
   ...(anvil ? { RPC_UPSTREAM_BASE_MAINNET: anvil.url } : {}),
 });
 let recording: string[] | undefined;
 const services = await createServices(config, pino({ level: 'warn' }), {
-  database: { onQuery: (sql) => recording?.push(sql) },
+  database: {
+    onQuery: (sql) => recording?.push(sql),
+    ...(process.env.BENCH_MARKS === '1' ? { checkpointIntervalMs: 3_600_000 } : {}),
+  },
 });
 const server = createServer(createApp(services.app));
 /** BENCH_SQL_TIMES=1: the time of every SQLite statement (better-sqlite3's run/all/get), by statement. */
@@ -119,6 +124,17 @@ const spec =
             max_tokens: 16,
           }),
         };
+/**
+ * BENCH_MARKS=1 (bench/instructions.sh): prints `BENCH_MARK start|end` with this pid around the measured
+ * requests and waits for SIGUSR2, so that a wrapper can switch valgrind's instruction counting on and dump it.
+ */
+function mark(what: 'start' | 'end'): Promise<void> {
+  if (process.env.BENCH_MARKS !== '1') return Promise.resolve();
+  return new Promise((resolve) => {
+    process.once('SIGUSR2', () => resolve());
+    console.log(`BENCH_MARK ${what} ${process.pid}`);
+  });
+}
 function once(): Promise<number> {
   const start = process.hrtime.bigint();
   return new Promise((resolve, reject) => {
@@ -166,9 +182,11 @@ try {
     await session.post('Profiler.start');
   }
   const times: number[] = [];
+  await mark('start');
   const cpuBefore = process.cpuUsage();
   for (let i = 0; i < count; i++) times.push(await once());
   const cpu = process.cpuUsage(cpuBefore);
+  await mark('end');
   console.log(
     `user ${(cpu.user / count).toFixed(0)} µs, system ${(cpu.system / count).toFixed(0)} µs per request`,
   );
