@@ -22,6 +22,7 @@ import { type AuthPorts, type Principal, resolvePrincipal } from './http/auth.ts
 import type { Handler, HandlerContext, HandlerTable, Reply, ReplyHeaders } from './http/contract.ts';
 import { ApiError, toValidationDetails } from './http/errors.ts';
 import { refuseNonFiniteParameters } from './http/finite-numbers.ts';
+import { jsonBody } from './http/json-body.ts';
 import { limitJsonDepth } from './http/json-depth.ts';
 import { pathBelowBase, rememberRouteMatches, sequence, underBasePath } from './http/pipeline.ts';
 import { memoizeRouteRegexps } from './http/route-regexps.ts';
@@ -210,10 +211,11 @@ export function createApp(deps: AppDeps): express.Express {
     );
   });
 
-  const parseJson = express.json({
-    limit: config.jsonBodyLimitBytes,
-    type: ['application/json', 'application/*+json'],
-  });
+  // Plain JSON bodies of known length read directly; the rest through body-parser (http/json-body.ts).
+  const parseJson = jsonBody(
+    config.jsonBodyLimitBytes,
+    express.json({ limit: config.jsonBodyLimitBytes, type: ['application/json', 'application/*+json'] }),
+  );
 
   // What the client wrote, before the validator fills in defaults (one level deep: the validator adds keys to
   // nested objects in place): chat tells a sent `service_parameters` option from a default with it.
