@@ -6,8 +6,11 @@
 set -euo pipefail
 target=${1:-chat}
 count=${2:-300}
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+# BENCH_KEEP=dir keeps the callgrind files there (for callgrind_annotate); a temporary folder otherwise.
+if [ -n "${BENCH_KEEP:-}" ]; then out=$BENCH_KEEP; mkdir -p "$out"; else
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+fi
 log="$out/inproc.log"
 BENCH_MARKS=1 BENCH_PROFILE=0 valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes --callgrind-out-file="$out/cg.%p" \
   node --import tsx bench/inproc.ts "$target" "$count" >"$log" 2>&1 &
