@@ -3,6 +3,8 @@
 # valgrind (callgrind) over `count` sequential requests of bench/inproc.ts, start-up and warm-up not counted.
 # Unlike time, an instruction count does not move with the machine's load: two commits can be compared on a
 # busy machine. Slow (a few minutes: the measured requests run about 50 times slower); needs valgrind.
+# BENCH_NODE_FLAGS: flags for node (--no-concurrent-recompilation: runs agree within 0.1%, optimisation
+# counted); BENCH_WARMUP: warm-up requests of inproc.ts (300); BENCH_KEEP: see below.
 set -euo pipefail
 target=${1:-chat}
 count=${2:-300}
@@ -13,7 +15,7 @@ if [ -n "${BENCH_KEEP:-}" ]; then out=$BENCH_KEEP; mkdir -p "$out"; else
 fi
 log="$out/inproc.log"
 BENCH_MARKS=1 BENCH_PROFILE=0 valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes --callgrind-out-file="$out/cg.%p" \
-  node --import tsx bench/inproc.ts "$target" "$count" >"$log" 2>&1 &
+  node ${BENCH_NODE_FLAGS:-} --import tsx bench/inproc.ts "$target" "$count" >"$log" 2>&1 &
 runner=$!
 wait_for() { until grep -q "BENCH_MARK $1" "$log"; do
   if ! kill -0 "$runner" 2>/dev/null; then cat "$log" >&2; exit 1; fi
