@@ -721,32 +721,32 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
   }
 
   /**
-   * The CHARGE entries of a split: one per (item, currency) with a non-zero amount, each with the balance
-   * left after it (DIEM: the stake less the day's use; USD: `usdBalanceNano` before the capture, less).
+   * Writes the CHARGE entries of a claimed reservation's split: one per (item, currency) with a non-zero
+   * amount, each with the balance left after it (DIEM: the stake less the day's use; USD: `usdBalanceNano`,
+   * the balance before the capture, less).
    */
-  function chargeEntries(
+  async function writeCharges(
+    trx: Transaction<Tables>,
+    claimed: Selectable<ReservationsTable>,
     parts: ReturnType<typeof splitCharge>['parts'],
-    held: {
-      accountId: string;
-      apiKeyId: string | null;
-      reservationId: string;
-      requestId: string;
-      modelId: string | null;
-    },
-    balances: { diemStakeNano: bigint; diemUsedNano: bigint; usdBalanceNano: bigint },
+    balances: { diemStakeNano: bigint; usdBalanceNano: bigint },
     at: number,
-  ): NewEntry[] {
-    let diemUsed = balances.diemUsedNano;
+  ): Promise<LedgerEntry[]> {
+    // The day's DIEM counters matter only for DIEM entries, which need a DIEM part.
+    let diemUsed =
+      claimed.diem_nano > 0n
+        ? (await diemUsage(trx, claimed.account_id, toNumber(claimed.epoch_day))).usedNano
+        : 0n;
     let usdBalance = balances.usdBalanceNano;
     const values: NewEntry[] = [];
     for (const { item, diem, usd } of parts) {
       const common = {
-        account_id: held.accountId,
-        api_key_id: held.apiKeyId,
-        reservation_id: held.reservationId,
+        account_id: claimed.account_id,
+        api_key_id: claimed.api_key_id,
+        reservation_id: claimed.id,
         type: 'CHARGE' as const,
-        request_id: held.requestId,
-        model_id: item.modelId ?? held.modelId,
+        request_id: claimed.request_id,
+        model_id: item.modelId ?? claimed.model_id,
         sku: item.sku,
         units: item.units,
         unit_price_nano: item.unitPriceNano,
@@ -766,7 +766,18 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         );
       }
     }
-    return values;
+    return insertEntries(trx, values);
+  }
+
+  /** What a capture returns, from its split and the entries it wrote. */
+  function captured(split: ReturnType<typeof splitCharge>, entries: LedgerEntry[]): CaptureResult {
+    return {
+      entries,
+      usdNano: split.usdCharged,
+      diemNano: split.diemCharged,
+      requestedNano: split.requestedNano,
+      clamped: split.requestedNano > split.total,
+    };
   }
 
   /** Why a reservation could not be claimed: NotFoundError, or ReservationStateError with its status. */
@@ -973,47 +984,22 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         const [reservation] = await claimReservation(trx, at, reservationId);
         if (!reservation) return refuseClaim(trx, reservationId);
 
-        const { parts, requestedNano, total, usdCharged, diemCharged } = splitCharge(
-          items,
-          reservation.usd_nano,
-          reservation.diem_nano,
-        );
-        // The day's DIEM counters matter only for DIEM entries, which need a DIEM part.
-        const usage =
-          reservation.diem_nano > 0n
-            ? await diemUsage(trx, reservation.account_id, toNumber(reservation.epoch_day))
-            : { usedNano: 0n, reservedNano: 0n };
-        const values = chargeEntries(
-          parts,
-          {
-            accountId: reservation.account_id,
-            apiKeyId: reservation.api_key_id,
-            reservationId: reservation.id,
-            requestId: reservation.request_id,
-            modelId: reservation.model_id,
-          },
-          {
-            diemStakeNano: account.diem_stake_nano,
-            diemUsedNano: usage.usedNano,
-            usdBalanceNano: account.usd_balance_nano,
-          },
+        const split = splitCharge(items, reservation.usd_nano, reservation.diem_nano);
+        const entries = await writeCharges(
+          trx,
+          reservation,
+          split.parts,
+          { diemStakeNano: account.diem_stake_nano, usdBalanceNano: account.usd_balance_nano },
           at,
         );
-        const entries = await insertEntries(trx, values);
-        if (usdCharged > 0n || reservation.usd_nano > 0n) {
-          await settleAccount(trx, usdCharged, reservation.usd_nano, reservation.account_id);
+        if (split.usdCharged > 0n || reservation.usd_nano > 0n) {
+          await settleAccount(trx, split.usdCharged, reservation.usd_nano, reservation.account_id);
         }
         await bumpDiem(trx, reservation.account_id, toNumber(reservation.epoch_day), {
-          usedNano: diemCharged,
+          usedNano: split.diemCharged,
           reservedNano: -reservation.diem_nano,
         });
-        return {
-          entries,
-          usdNano: usdCharged,
-          diemNano: diemCharged,
-          requestedNano,
-          clamped: requestedNano > total,
-        };
+        return captured(split, entries);
       });
     },
 
@@ -1251,11 +1237,8 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       within?: (trx: Transaction<Tables>) => Promise<T>,
     ): Promise<CaptureResult> {
       // The split needs only the reservation's figures: computed before the transaction.
-      const { parts, requestedNano, total, usdCharged, diemCharged } = splitCharge(
-        captureItems(input),
-        reservation.usdNano,
-        reservation.diemNano,
-      );
+      const split = splitCharge(captureItems(input), reservation.usdNano, reservation.diemNano);
+      const { usdCharged, diemCharged } = split;
       const at = now();
       return database.transaction(async (trx) => {
         // The account row first, as every writer locks it: here by the update that settles the USD figures.
@@ -1279,40 +1262,23 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         ) {
           throw new StorageError('STORAGE_FAILURE', 'The reservation does not match its stored figures');
         }
-        const usage =
-          reservation.diemNano > 0n
-            ? await diemUsage(trx, reservation.accountId, reservation.epochDay)
-            : { usedNano: 0n, reservedNano: 0n };
-        const values = chargeEntries(
-          parts,
-          {
-            accountId: reservation.accountId,
-            apiKeyId: row.api_key_id,
-            reservationId: row.id,
-            requestId: row.request_id,
-            modelId: row.model_id,
-          },
+        const entries = await writeCharges(
+          trx,
+          row,
+          split.parts,
           {
             diemStakeNano: account.diem_stake_nano,
-            diemUsedNano: usage.usedNano,
             // The balance before this capture: the update above already took the USD charged off it.
             usdBalanceNano: account.usd_balance_nano + usdCharged,
           },
           at,
         );
-        const entries = await insertEntries(trx, values);
         await bumpDiem(trx, reservation.accountId, reservation.epochDay, {
           usedNano: diemCharged,
           reservedNano: -reservation.diemNano,
         });
         if (within) await within(trx);
-        return {
-          entries,
-          usdNano: usdCharged,
-          diemNano: diemCharged,
-          requestedNano,
-          clamped: requestedNano > total,
-        };
+        return captured(split, entries);
       });
     },
   };
