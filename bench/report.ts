@@ -34,13 +34,40 @@ export type Report = {
 
 export type Check = { target: string; measured: string; ok: boolean };
 
-export function checks(report: Report): Check[] {
+function measures(report: Report) {
   const rps = (id: string) => report.rows.find((r) => r.id === id)?.rps ?? Number.NaN;
   const seq = (id: string) => report.sequential[id] ?? { p50Us: Number.NaN, p99Us: Number.NaN };
   const added = (proxy: string, direct: string) => ({
     p50: (seq(proxy).p50Us - seq(direct).p50Us) / 1000,
     p99: (seq(proxy).p99Us - seq(direct).p99Us) / 1000,
   });
+  return { rps, added };
+}
+
+/**
+ * The server against the storage floor (bench/floor.ts): what `node:http` with a request's ledger writes
+ * allows on this machine, and what a bare `node:http` proxy adds. No target: context for the ratios.
+ */
+export function floors(report: Report): Array<{ measure: string; value: string }> {
+  const { rps, added } = measures(report);
+  const ms = (a: { p50: number; p99: number }) => `p50 ${fmt(a.p50, 3)} ms, p99 ${fmt(a.p99, 3)} ms`;
+  return [
+    {
+      measure: 'storage floor (chat writes, raw SQLite) / node:http ceiling',
+      value: `${fmt((rps('floorChat') / rps('ceiling')) * 100, 1)}%`,
+    },
+    {
+      measure: 'chat (SQLite, full path) / storage floor',
+      value: `${fmt((rps('chatSqlite') / rps('floorChat')) * 100, 1)}%`,
+    },
+    { measure: 'bare node:http proxy added (no writes)', value: ms(added('bareProxy', 'rpcDirect')) },
+    { measure: "proxy with an RPC call's ledger writes added", value: ms(added('floorRpc', 'rpcDirect')) },
+    { measure: 'RPC proxy added (the server)', value: ms(added('rpcProxy', 'rpcDirect')) },
+  ];
+}
+
+export function checks(report: Report): Check[] {
+  const { rps, added } = measures(report);
   const vsPrism = rps('chatSqlite') / rps('chatPrism');
   const vsCeiling = rps('chatSqlite') / rps('ceiling');
   const rpc = added('rpcProxy', 'rpcDirect');
@@ -125,6 +152,10 @@ function tables(report: Report): { head: string[]; rows: string[][] }[] {
           fmt(s.peakRssMb),
         ],
       ],
+    },
+    {
+      head: ['against the floors (no target)', 'measured'],
+      rows: floors(report).map((f) => [f.measure, f.value]),
     },
     {
       head: ['target of the issue', 'measured', 'met'],

@@ -131,15 +131,22 @@ async function main(): Promise<Report> {
 
   const sqliteUrl = `sqlite:${join(scratch, 'bench.db')}`;
   const postgresUrl = await postgres.createDatabase('bench');
-  const [sqliteKey, postgresKey, streamsKey] = [
+  const floorFile = join(scratch, 'floor.db');
+  const [sqliteKey, postgresKey, streamsKey, floorKey] = [
     await fundedKey(sqliteUrl),
     await fundedKey(postgresUrl),
     await fundedKey(streamsUrl),
+    await fundedKey(`sqlite:${floorFile}`),
   ];
 
   log('starting the ceiling and the servers');
   const rpcEnv = { RPC_UPSTREAM_BASE_MAINNET: anvil.url };
   const ceiling = await startNodeChild('ceiling', 'bench/ceiling.ts', {});
+  const floor = await startNodeChild('floor', 'bench/floor.ts', {
+    FLOOR_DB: floorFile,
+    FLOOR_KEY: floorKey,
+    FLOOR_UPSTREAM: anvil.url,
+  });
   const onSqlite = await startNodeChild(
     'server (SQLite)',
     SERVER,
@@ -161,6 +168,17 @@ async function main(): Promise<Report> {
       label: 'bare node:http JSON handler (ceiling)',
       target: { url: `${ceiling.origin}/`, method: 'GET' },
       child: ceiling,
+    },
+    {
+      id: 'floorChat',
+      label: "storage floor: node:http + a chat's ledger writes, raw SQLite",
+      target: {
+        url: `${floor.origin}/chat`,
+        method: 'POST',
+        headers: json(),
+        body: chatBody('llama-3.3-70b', false, 16),
+      },
+      child: floor,
     },
     {
       id: 'models',
@@ -242,19 +260,34 @@ async function main(): Promise<Report> {
     },
   ];
 
+  // One request at a time: the proxies and their upstreams, and the floors of a proxy on this machine (the
+  // forward alone, and the forward with an RPC call's ledger writes around it).
+  const latencyOnly: Array<{ id: string; target: Target }> = [
+    {
+      id: 'floorRpc',
+      target: { url: `${floor.origin}/rpc`, method: 'POST', headers: json(), body: rpcBody },
+    },
+    {
+      id: 'bareProxy',
+      target: { url: `${floor.origin}/proxy`, method: 'POST', headers: json(), body: rpcBody },
+    },
+  ];
   log('checking every target once');
-  for (const { id, target } of throughputTargets) {
+  for (const { id, target } of [...throughputTargets, ...latencyOnly]) {
     const body = await probe(target).catch((error: unknown) => {
       throw new Error(`${id}: ${(error as Error).message}`);
     });
     if (id === 'upstreamProxy' && !body.includes('"content":" bench"')) {
       throw new Error(`upstreamProxy did not reach the upstream: ${body.slice(0, 200)}`);
     }
+    if ((id === 'floorRpc' || id === 'bareProxy') && !body.includes('"result"')) {
+      throw new Error(`${id} did not reach anvil: ${body.slice(0, 200)}`);
+    }
   }
 
   const runs = new Map<string, Throughput[]>(throughputTargets.map((t) => [t.id, []]));
   const latencies = new Map<string, Latency[]>();
-  const latencyPairs = ['rpcProxy', 'rpcDirect', 'upstreamProxy', 'upstreamDirect'];
+  const latencyPairs = ['rpcProxy', 'rpcDirect', 'upstreamProxy', 'upstreamDirect', 'floorRpc', 'bareProxy'];
   for (let round = 1; round <= settings.rounds; round++) {
     for (const { id, target } of throughputTargets) {
       const result = await throughput(target, settings.durationS, settings.connections);
@@ -265,7 +298,7 @@ async function main(): Promise<Report> {
       );
     }
     for (const id of latencyPairs) {
-      const target = throughputTargets.find((t) => t.id === id)?.target;
+      const target = [...throughputTargets, ...latencyOnly].find((t) => t.id === id)?.target;
       if (!target) continue;
       const result = await latency(target, settings.latencyCount);
       latencies.set(id, [...(latencies.get(id) ?? []), result]);
@@ -295,7 +328,7 @@ async function main(): Promise<Report> {
     ]),
   );
 
-  await Promise.all([onPostgres.stop(), ceiling.stop()]);
+  await Promise.all([onPostgres.stop(), ceiling.stop(), floor.stop()]);
   return {
     ...header(),
     rows,

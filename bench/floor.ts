@@ -1,0 +1,260 @@
+/**
+ * The storage floor of the benchmark: what a billed request costs on this machine with nothing of this service
+ * but its SQLite schema and the writes its rules require. A bare `node:http` server that, for each request,
+ * writes the same rows the server writes, with hand-written statements on better-sqlite3 (no framework, no
+ * validation, no query builder, no engine) and its write transactions group-committed per event-loop turn as
+ * the server's are. The harness reports the server against it: how far the server is from what per-request
+ * ledger writes allow, apart from how far it is from the bare `node:http` ceiling.
+ *
+ * - `POST /chat`: a non-streamed chat's writes: in one transaction the caller's account and key read under
+ *   the write lock, its three rate-limit windows counted, the reservation inserted and held on the account;
+ *   in the next event-loop turn (the work), in another transaction the account charged, the reservation
+ *   settled, two ledger entries (input and output tokens) and the tokens-per-minute count; then a JSON answer.
+ * - `POST /rpc`: a JSON-RPC call's writes around a forward to `FLOOR_UPSTREAM` (keep-alive `node:http`): the
+ *   reservation (with the per-minute count) before, the capture (one ledger entry) after; the upstream's bytes.
+ * - `POST /proxy`: the forward alone, no writes: what a bare `node:http` proxy adds on this machine.
+ *
+ * Env: `PORT`; `FLOOR_DB`: a migrated SQLite file with the funded account and key of `FLOOR_KEY` (bench/setup.ts
+ * `fundedKey`); `FLOOR_UPSTREAM`: the upstream's origin for `/rpc` and `/proxy`. Listens on 127.0.0.1.
+ */
+import { createHash, randomBytes, randomUUID } from 'node:crypto';
+import { Agent, createServer, type IncomingMessage, request, type ServerResponse } from 'node:http';
+import Sqlite from 'better-sqlite3';
+
+const env = (name: string) => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is required`);
+  return value;
+};
+const db = new Sqlite(env('FLOOR_DB'));
+db.defaultSafeIntegers(true);
+db.pragma('journal_mode = WAL');
+db.pragma('foreign_keys = ON');
+db.pragma('synchronous = NORMAL');
+
+function keyOf(secret: string): { id: string; account_id: string } {
+  const secretHash = createHash('sha256').update(secret, 'utf8').digest('hex');
+  const row = db.prepare('select id, account_id from api_keys where secret_hash = ?').get(secretHash);
+  if (!row) throw new Error('FLOOR_KEY is not a key of FLOOR_DB');
+  return row as { id: string; account_id: string };
+}
+const key = keyOf(env('FLOOR_KEY'));
+
+const MINUTE = 60_000n;
+const DAY = 86_400_000n;
+const RESERVE_NANO = 1_000_000n;
+
+const statements = {
+  principal: db.prepare(
+    `select accounts.*, api_keys.id as key_id, api_keys.limit_usd_nano as key_limit_usd_nano
+       from api_keys join accounts on accounts.id = api_keys.account_id where api_keys.id = ?`,
+  ),
+  count3: db.prepare(
+    `insert into rate_limit_counters (bucket, window_start_ms, used) values (?, ?, ?), (?, ?, ?), (?, ?, ?)
+       on conflict (bucket, window_start_ms) do update set used = used + excluded.used
+       where rate_limit_counters.used + excluded.used <= 1000000000000 returning used`,
+  ),
+  count1: db.prepare(
+    `insert into rate_limit_counters (bucket, window_start_ms, used) values (?, ?, ?)
+       on conflict (bucket, window_start_ms) do update set used = used + excluded.used
+       where rate_limit_counters.used + excluded.used <= 1000000000000 returning used`,
+  ),
+  reservation: db.prepare(
+    `insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano, epoch_day,
+       status, created_at_ms, expires_at_ms) values (?, ?, ?, ?, ?, ?, 0, ?, 'held', ?, ?)`,
+  ),
+  hold: db.prepare('update accounts set usd_reserved_nano = usd_reserved_nano + ? where id = ?'),
+  charge: db.prepare(
+    `update accounts set usd_balance_nano = usd_balance_nano - ?, usd_reserved_nano = usd_reserved_nano - ?
+       where id = ? returning usd_balance_nano`,
+  ),
+  settle: db.prepare(
+    `update reservations set status = 'captured', settled_at_ms = ? where id = ? and status = 'held' returning *`,
+  ),
+  entry: db.prepare(
+    `insert into ledger_entries (id, account_id, api_key_id, reservation_id, type, currency, amount_nano,
+       balance_after_nano, request_id, model_id, sku, units, unit_price_nano, created_at_ms)
+       values (?, ?, ?, ?, 'CHARGE', 'USD', ?, ?, ?, ?, ?, ?, ?, ?)`,
+  ),
+};
+
+type Billed = { reservationId: string; requestId: string; model: string };
+
+function reserve(billed: Billed, buckets: string[]): void {
+  const at = BigInt(Date.now());
+  statements.principal.get(key.id);
+  const minute = at - (at % MINUTE);
+  if (buckets.length === 3) {
+    // The tokens-per-minute window is only looked at (counted at the capture); the day and the minute count one.
+    statements.count3.all(buckets[0], minute, 0n, buckets[1], at - (at % DAY), 1n, buckets[2], minute, 1n);
+  } else {
+    statements.count1.all(buckets[0], minute, 1n);
+  }
+  statements.reservation.run(
+    billed.reservationId,
+    key.account_id,
+    key.id,
+    billed.requestId,
+    billed.model,
+    RESERVE_NANO,
+    at / DAY,
+    at,
+    at + 10n * MINUTE,
+  );
+  statements.hold.run(RESERVE_NANO, key.account_id);
+}
+
+function capture(
+  billed: Billed,
+  parts: Array<{ sku: string; units: bigint; priceNano: bigint }>,
+  tokens = 0n,
+) {
+  const at = BigInt(Date.now());
+  const cost = parts.reduce((sum, p) => sum + p.units * p.priceNano, 0n);
+  const [row] = statements.charge.all(cost, RESERVE_NANO, key.account_id) as [{ usd_balance_nano: bigint }];
+  statements.settle.all(at, billed.reservationId);
+  for (const part of parts) {
+    statements.entry.run(
+      randomUUID(),
+      key.account_id,
+      key.id,
+      billed.reservationId,
+      -part.units * part.priceNano,
+      row.usd_balance_nano,
+      billed.requestId,
+      billed.model,
+      part.sku,
+      String(part.units),
+      String(part.priceNano),
+      at,
+    );
+  }
+  if (tokens > 0n)
+    statements.count1.all(`key:${key.id}:model:${billed.model}:TPM`, at - (at % MINUTE), tokens);
+}
+
+/** Write transactions queued in one event-loop turn run as one transaction (the server's group commit). */
+const queued: Array<{ write: () => void; done: () => void }> = [];
+const runGroup = db.transaction((writes: typeof queued) => {
+  for (const { write } of writes) write();
+});
+function inGroup(write: () => void, done: () => void): void {
+  if (queued.length === 0) {
+    setImmediate(() => {
+      const writes = queued.splice(0);
+      runGroup.immediate(writes);
+      for (const { done } of writes) done();
+    });
+  }
+  queued.push({ write, done });
+}
+
+const agent = new Agent({ keepAlive: true, maxSockets: 256 });
+const upstream = process.env.FLOOR_UPSTREAM ? new URL(process.env.FLOOR_UPSTREAM) : undefined;
+function forward(payload: Buffer, answer: (status: number, body: Buffer) => void, fail: () => void): void {
+  if (!upstream) {
+    fail();
+    return;
+  }
+  const req = request({
+    method: 'POST',
+    hostname: upstream.hostname,
+    port: upstream.port,
+    path: upstream.pathname,
+    agent,
+    headers: [
+      'host',
+      upstream.host,
+      'content-type',
+      'application/json',
+      'content-length',
+      String(payload.length),
+    ],
+  });
+  req.on('error', fail);
+  req.on('response', (res) => {
+    const chunks: Buffer[] = [];
+    res.on('data', (chunk: Buffer) => chunks.push(chunk));
+    res.on('end', () => answer(res.statusCode ?? 502, Buffer.concat(chunks)));
+  });
+  req.end(payload);
+}
+
+function reply(res: ServerResponse, status: number, body: string | Buffer): void {
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
+  res.end(body);
+}
+
+const CHAT_ANSWER = 'Hello, benchmark! This is the floor answering with sixteen tokens of text.';
+
+function chat(res: ServerResponse, billed: Billed): void {
+  const base = `key:${key.id}:model:${billed.model}`;
+  const answer = () =>
+    reply(
+      res,
+      200,
+      JSON.stringify({
+        id: `chatcmpl-${billed.requestId}`,
+        object: 'chat.completion',
+        created: Math.floor(Date.now() / 1000),
+        model: billed.model,
+        choices: [
+          { index: 0, message: { role: 'assistant', content: CHAT_ANSWER }, finish_reason: 'length' },
+        ],
+        usage: { prompt_tokens: 20, completion_tokens: 16, total_tokens: 36 },
+      }),
+    );
+  const charge = () =>
+    capture(
+      billed,
+      [
+        { sku: 'input_tokens', units: 20n, priceNano: 700n },
+        { sku: 'output_tokens', units: 16n, priceNano: 2_800n },
+      ],
+      36n,
+    );
+  // The work takes the next event-loop turn, as the local engine's does.
+  inGroup(
+    () => reserve(billed, [`${base}:TPM`, `${base}:RPD`, `${base}:RPM`]),
+    () => setImmediate(() => inGroup(charge, answer)),
+  );
+}
+
+function rpc(res: ServerResponse, billed: Billed, payload: Buffer, failed: () => void): void {
+  inGroup(
+    () => reserve(billed, [`rpc:${key.account_id}:RPM`]),
+    () =>
+      forward(
+        payload,
+        (status, answer) =>
+          inGroup(
+            () => capture(billed, [{ sku: 'rpc_credits', units: 20n, priceNano: 700n }]),
+            () => reply(res, status, answer),
+          ),
+        failed,
+      ),
+  );
+}
+
+function handle(req: IncomingMessage, res: ServerResponse, payload: Buffer): void {
+  const body = JSON.parse(payload.toString('utf8')) as { model?: string };
+  const billed: Billed = {
+    reservationId: randomUUID(),
+    requestId: randomBytes(16).toString('hex'),
+    model: body.model ?? 'base-mainnet',
+  };
+  const failed = () => reply(res, 502, '{"error":"upstream failed"}');
+  if (req.url === '/chat') chat(res, billed);
+  else if (req.url === '/rpc') rpc(res, billed, payload, failed);
+  else if (req.url === '/proxy') forward(payload, (status, answer) => reply(res, status, answer), failed);
+  else reply(res, 404, '{"error":"not found"}');
+}
+
+const server = createServer((req, res) => {
+  if (req.method !== 'POST') return reply(res, 200, '{"floor":true}');
+  const chunks: Buffer[] = [];
+  req.on('data', (chunk: Buffer) => chunks.push(chunk));
+  req.on('end', () => handle(req, res, Buffer.concat(chunks)));
+});
+server.listen(Number(process.env.PORT ?? 0), '127.0.0.1');
+process.on('SIGTERM', () => server.close(() => process.exit(0)));

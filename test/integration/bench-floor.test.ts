@@ -1,0 +1,122 @@
+/**
+ * The benchmark's storage floor (bench/floor.ts) writes what a billed request writes, on the current schema:
+ * a chat's reservation and capture (two ledger entries, the counters), an RPC call's around a forward, and a
+ * forward alone without writes. Kept true here so that a schema change cannot quietly turn the floor into a
+ * failing (or emptier) row of `npm run bench`.
+ */
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import SqliteDatabase from 'better-sqlite3';
+import { afterAll, beforeAll, expect, test } from 'vitest';
+import { fundedKey } from '../../bench/setup.ts';
+import { repoRoot } from '../support/contract.ts';
+import { freePort, stopPid } from '../support/process.ts';
+
+const scratch = mkdtempSync(join(tmpdir(), 'bench-floor-'));
+const file = join(scratch, 'floor.db');
+let pid: number | undefined;
+let origin = '';
+let upstream: Server;
+let forwarded = 0;
+
+beforeAll(async () => {
+  upstream = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      forwarded += 1;
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end('{"jsonrpc":"2.0","id":1,"result":"0x2a"}');
+    });
+  });
+  await new Promise<void>((resolve) => upstream.listen(0, '127.0.0.1', resolve));
+  const key = await fundedKey(`sqlite:${file}`);
+  const port = await freePort();
+  const child = spawn(process.execPath, ['--import', 'tsx', join(repoRoot, 'bench/floor.ts')], {
+    cwd: repoRoot,
+    env: {
+      ...process.env,
+      PORT: String(port),
+      FLOOR_DB: file,
+      FLOOR_KEY: key,
+      FLOOR_UPSTREAM: `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`,
+    },
+    stdio: 'ignore',
+  });
+  pid = child.pid;
+  origin = `http://127.0.0.1:${port}`;
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    try {
+      if ((await fetch(`${origin}/`)).ok) break;
+    } catch {}
+    if (Date.now() > deadline) throw new Error('bench/floor.ts did not start');
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}, 60_000);
+
+afterAll(async () => {
+  if (pid !== undefined) await stopPid(pid);
+  await new Promise((resolve) => upstream?.close(resolve));
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+const post = (path: string, body: unknown) =>
+  fetch(`${origin}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+
+test("the floor writes a chat's and an RPC call's rows, and forwards without writing", async () => {
+  const db = new SqliteDatabase(file, { readonly: true });
+  db.defaultSafeIntegers(true);
+  const before = db.prepare('select usd_balance_nano from accounts').get() as { usd_balance_nano: bigint };
+  try {
+    const chats = await Promise.all(
+      [1, 2, 3].map(() => post('/chat', { model: 'llama-3.3-70b', messages: [], max_tokens: 16 })),
+    );
+    for (const answer of chats) {
+      expect(answer.status).toBe(200);
+      expect(((await answer.json()) as { object: string }).object).toBe('chat.completion');
+    }
+    const rpc = await post('/rpc', { jsonrpc: '2.0', id: 1, method: 'eth_blockNumber', params: [] });
+    expect(await rpc.json()).toEqual({ jsonrpc: '2.0', id: 1, result: '0x2a' });
+    const bare = await post('/proxy', { jsonrpc: '2.0', id: 1, method: 'eth_blockNumber', params: [] });
+    expect(bare.status).toBe(200);
+    expect(forwarded).toBe(2);
+
+    const reservations = db.prepare('select status, count(*) as n from reservations group by status').all();
+    expect(reservations).toEqual([{ status: 'captured', n: 4n }]);
+    const entries = db
+      .prepare(`select sku, count(*) as n, sum(amount_nano) as total from ledger_entries
+                  where type = 'CHARGE' group by sku order by sku`)
+      .all();
+    expect(entries).toEqual([
+      { sku: 'input_tokens', n: 3n, total: -3n * 20n * 700n },
+      { sku: 'output_tokens', n: 3n, total: -3n * 16n * 2_800n },
+      { sku: 'rpc_credits', n: 1n, total: -20n * 700n },
+    ]);
+    const after = db.prepare('select usd_balance_nano, usd_reserved_nano from accounts').get();
+    expect(after).toEqual({
+      usd_balance_nano: before.usd_balance_nano - 3n * (20n * 700n + 16n * 2_800n) - 20n * 700n,
+      usd_reserved_nano: 0n,
+    });
+    const counters = db
+      .prepare('select bucket, used from rate_limit_counters order by bucket')
+      .all() as Array<{ bucket: string; used: bigint }>;
+    expect(
+      counters.map((c) => [c.bucket.replace(/^key:[^:]+/, 'key').replace(/^rpc:[^:]+/, 'rpc'), c.used]),
+    ).toEqual([
+      ['key:model:llama-3.3-70b:RPD', 3n],
+      ['key:model:llama-3.3-70b:RPM', 3n],
+      ['key:model:llama-3.3-70b:TPM', 3n * 36n],
+      ['rpc:RPM', 1n],
+    ]);
+  } finally {
+    db.close();
+  }
+});
