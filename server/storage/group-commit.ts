@@ -69,7 +69,7 @@ export function groupCommitting<DB>(
       next.reject(error);
       throw error;
     }
-    return { ...next, result };
+    return { fn: next.fn, resolve: next.resolve, reject: next.reject, result };
   }
 
   async function runGroup(): Promise<void> {
@@ -80,7 +80,8 @@ export function groupCommitting<DB>(
       await db.transaction().execute(async (trx) => {
         began = true;
         try {
-          done.push({ ...first, result: await first.fn(trx) });
+          const result = await first.fn(trx);
+          done.push({ fn: first.fn, resolve: first.resolve, reject: first.reject, result });
         } catch (error) {
           // The first function is alone in the transaction: undoing it is the plain rollback.
           first.reject(error);

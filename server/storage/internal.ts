@@ -196,6 +196,13 @@ export function compiledOnce<Row, A extends unknown[]>(
       const slot = slots[i];
       return slot === undefined ? fixed : values[slot];
     });
-    return (await runner.executeQuery<Row>({ ...compiled, parameters })).rows;
+    // A literal of one shape (a spread copies through the runtime's slow path, once per statement).
+    const query: CompiledQuery<Row> = {
+      query: compiled.query,
+      queryId: compiled.queryId,
+      sql: compiled.sql,
+      parameters,
+    };
+    return (await runner.executeQuery<Row>(query)).rows;
   };
 }

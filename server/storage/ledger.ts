@@ -192,6 +192,19 @@ export type LedgerRepository = ReturnType<typeof createLedger>;
 const HELD = sql.lit('held' as const);
 
 type Executor = Kysely<Tables> | Transaction<Tables>;
+
+/** What a capture reads of the reservation it claims (its charges' columns and the figures it checks). */
+const CLAIMED_COLUMNS = [
+  'id',
+  'account_id',
+  'api_key_id',
+  'request_id',
+  'model_id',
+  'usd_nano',
+  'diem_nano',
+  'epoch_day',
+] as const;
+type ClaimedReservation = Pick<Selectable<ReservationsTable>, (typeof CLAIMED_COLUMNS)[number]>;
 type NewEntry = Required<Insertable<LedgerEntriesTable>>;
 
 export function toReservation(row: Selectable<ReservationsTable>): Reservation {
@@ -274,8 +287,11 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       .leftJoin('api_keys', (join) =>
         join.onRef('api_keys.account_id', '=', 'accounts.id').on('api_keys.id', '=', apiKeyId),
       )
-      .selectAll('accounts')
+      // Only what a reservation reads: every column is a conversion (and a BigInt) per row.
       .select([
+        'accounts.usd_balance_nano',
+        'accounts.usd_reserved_nano',
+        'accounts.diem_stake_nano',
         'api_keys.id as key_id',
         'api_keys.limit_usd_nano as key_limit_usd_nano',
         'api_keys.limit_diem_nano as key_limit_diem_nano',
@@ -288,16 +304,15 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
   async function lockAccountWithKey(trx: Transaction<Tables>, accountId: string, apiKeyId: string) {
     const [row] = await selectAccountWithKey(trx, accountId, apiKeyId);
     if (!row) throw new NotFoundError('account', accountId);
-    const { key_id, key_limit_usd_nano, key_limit_diem_nano, key_limit_period, ...account } = row;
     const key =
-      key_id === null || key_limit_period === null
+      row.key_id === null || row.key_limit_period === null
         ? undefined
         : {
-            limit_usd_nano: key_limit_usd_nano,
-            limit_diem_nano: key_limit_diem_nano,
-            limit_period: key_limit_period,
+            limit_usd_nano: row.key_limit_usd_nano,
+            limit_diem_nano: row.key_limit_diem_nano,
+            limit_period: row.key_limit_period,
           };
-    return { account, key };
+    return { account: row, key };
   }
 
   // The statements of every reservation and capture, compiled once (see compiledOnce).
@@ -329,8 +344,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
           created_at_ms: createdAtMs,
           expires_at_ms: expiresAtMs,
           settled_at_ms: null,
-        })
-        .returningAll(),
+        }),
   );
   const addReserved = compiledOnce((usdNano: bigint, accountId: string) =>
     db
@@ -353,7 +367,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       .set({ status: 'captured', settled_at_ms: settledAtMs })
       .where('id', '=', reservationId)
       .where('status', '=', 'held')
-      .returningAll(),
+      .returning(CLAIMED_COLUMNS),
   );
   const settleAccount = compiledOnce((chargedNano: bigint, releasedNano: bigint, accountId: string) =>
     db
@@ -489,23 +503,27 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
                 ) as NewEntry,
             ),
           )
-          .returningAll(),
+          // Only what the database assigns, with the id to pair it to its entry: the rest is `entries`.
+          .returning(['id', 'seq']),
       ) as (runner: Executor, ...values: unknown[]) => Promise<unknown[]>;
       if (entryInserts.size < 64) entryInserts.set(shape, insert);
     }
     const values = entries.flatMap((entry) => columns.map((column) => entry[column]));
-    return (await insert(trx, ...values)) as Selectable<LedgerEntriesTable>[];
+    return (await insert(trx, ...values)) as Array<Pick<Selectable<LedgerEntriesTable>, 'id' | 'seq'>>;
   }
 
   async function insertEntries(trx: Transaction<Tables>, entries: Array<NewEntry>): Promise<LedgerEntry[]> {
     if (entries.length === 0) return [];
     // One statement for all of them: both engines number the rows of a multi-row VALUES in list order, so
     // `seq` follows the order the entries were computed in; sorted by `seq` since RETURNING order is not
-    // promised.
+    // promised. Each entry is what was written plus the `seq` it was given.
     const rows = await insertEntryRows(trx, entries);
-    if (rows.length !== entries.length)
+    const seqOf = new Map(rows.map((row) => [row.id, row.seq]));
+    if (rows.length !== entries.length || seqOf.size !== entries.length)
       throw new StorageError('STORAGE_FAILURE', 'Ledger entries were not written');
-    return rows.map(toLedgerEntry).sort((a, b) => a.seq - b.seq);
+    return entries
+      .map((entry) => toLedgerEntry({ ...entry, seq: seqOf.get(entry.id) ?? 0 }))
+      .sort((a, b) => a.seq - b.seq);
   }
 
   function entryValues(
@@ -727,7 +745,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
    */
   async function writeCharges(
     trx: Transaction<Tables>,
-    claimed: Selectable<ReservationsTable>,
+    claimed: ClaimedReservation,
     parts: ReturnType<typeof splitCharge>['parts'],
     balances: { diemStakeNano: bigint; usdBalanceNano: bigint },
     at: number,
@@ -856,23 +874,37 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
           }
         }
       }
-      const [row] = await insertReservation(
-        trx,
-        randomId(),
-        input.accountId,
+      // The row is exactly these values (an INSERT without ON CONFLICT writes it or throws): not read back.
+      const reservation: Reservation = {
+        id: randomId(),
+        accountId: input.accountId,
         apiKeyId,
-        input.requestId,
-        input.modelId ?? null,
+        requestId: input.requestId,
+        modelId: input.modelId ?? null,
+        usdNano: usdPart,
+        diemNano: diemPart,
+        epochDay,
+        status: 'held',
+        createdAtMs: at,
+        expiresAtMs: at + input.ttlMs,
+        settledAtMs: null,
+      };
+      await insertReservation(
+        trx,
+        reservation.id,
+        reservation.accountId,
+        apiKeyId,
+        reservation.requestId,
+        reservation.modelId,
         usdPart,
         diemPart,
         epochDay,
         at,
-        at + input.ttlMs,
+        reservation.expiresAtMs,
       );
-      if (!row) throw new StorageError('STORAGE_FAILURE', 'The reservation was not written');
       if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
       await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
-      return { reservation: toReservation(row), within: extra };
+      return { reservation, within: extra };
     });
   }
 

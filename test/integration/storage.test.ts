@@ -597,6 +597,39 @@ describe.each(engines)('storage on %s', (engine, open) => {
       await expectConsistent(account.id);
     });
 
+    test('behavior: reserve and capture return exactly what they stored (they do not read it back)', async () => {
+      const account = await fundedAccount(10n * USD);
+      const { key } = await keys.create({ accountId: account.id, keyType: 'INFERENCE' });
+      const stored = async (accountId: string, reservationId: string) =>
+        (await ledger.listEntries(accountId, { limit: 100 }))
+          .filter((e) => e.reservationId === reservationId)
+          .sort((a, b) => a.seq - b.seq);
+      for (const [i, apiKeyId] of [key.id, undefined].entries()) {
+        const { reservation } = await ledger.reserve({
+          accountId: account.id,
+          ...(apiKeyId ? { apiKeyId } : {}),
+          amountNano: 2n * USD,
+          requestId: `stored-${i}`,
+          modelId: i === 0 ? 'llama-3.3-70b' : undefined,
+          ttlMs: 60_000,
+        });
+        expect(reservation).toEqual(await ledger.getReservation(reservation.id));
+        nowMs += 500;
+        const items = [
+          { sku: 'in', amountNano: 700_000n, units: '0.001', unitPriceNano: 700_000_000 },
+          { sku: 'out', amountNano: 2_800_000n, units: 0.001, details: { tokens: 1000, nested: { a: [1] } } },
+        ];
+        // The two captures: by id (looks the reservation up) and with the reservation in hand.
+        const result =
+          i === 0
+            ? await ledger.captureWith(reservation, { items })
+            : await ledger.capture(reservation.id, { items });
+        expect(result.entries).toHaveLength(2);
+        expect(result.entries).toEqual(await stored(account.id, reservation.id));
+      }
+      await expectConsistent(account.id);
+    });
+
     test('behavior: a capture above the reservation is clamped to it and flagged', async () => {
       const account = await fundedAccount(10n * USD);
       const { reservation } = await ledger.reserve({
