@@ -329,22 +329,20 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       createdAtMs: number,
       expiresAtMs: number,
     ) =>
-      db
-        .insertInto('reservations')
-        .values({
-          id,
-          account_id: accountId,
-          api_key_id: apiKeyId,
-          request_id: requestId,
-          model_id: modelId,
-          usd_nano: usdNano,
-          diem_nano: diemNano,
-          epoch_day: epochDay,
-          status: 'held',
-          created_at_ms: createdAtMs,
-          expires_at_ms: expiresAtMs,
-          settled_at_ms: null,
-        }),
+      db.insertInto('reservations').values({
+        id,
+        account_id: accountId,
+        api_key_id: apiKeyId,
+        request_id: requestId,
+        model_id: modelId,
+        usd_nano: usdNano,
+        diem_nano: diemNano,
+        epoch_day: epochDay,
+        status: 'held',
+        created_at_ms: createdAtMs,
+        expires_at_ms: expiresAtMs,
+        settled_at_ms: null,
+      }),
   );
   const addReserved = compiledOnce((usdNano: bigint, accountId: string) =>
     db
