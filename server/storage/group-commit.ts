@@ -11,10 +11,18 @@
  * is rolled back, or the whole transaction when it ran first). Should the COMMIT fail, or an error leave the
  * transaction unusable, every caller of the group gets the error and nothing of the group is kept.
  *
+ * A group starts in the event loop's check phase (`setImmediate`) after the first transaction is asked for,
+ * not at once: the transactions asked for by the other callbacks of the same loop turn (the other requests
+ * read from their sockets in the same poll phase) join it. Without that wait nothing would ever group under
+ * load: a transaction's statements all run in microtasks (better-sqlite3 is synchronous), so it is committed
+ * before the next request's callback can ask for one. The wait is one turn of the event loop.
+ *
  * With nothing waiting, a transaction is exactly BEGIN IMMEDIATE, its statements, COMMIT: no savepoint is
  * opened for the first function of a group. PostgreSQL does not need this (a pool of connections commits in
  * parallel) and does not use it.
  */
+// From node:timers, not the global: fake timers in tests replace the global setImmediate, not this one.
+import { setImmediate } from 'node:timers';
 import type { Kysely, Transaction } from 'kysely';
 
 export type TransactionRunner<DB> = <T>(fn: (trx: Transaction<DB>) => Promise<T>) => Promise<T>;
@@ -111,9 +119,18 @@ export function groupCommitting<DB>(
     }
   }
 
+  // The first transaction asked for while nothing runs schedules the group; those asked for until it starts
+  // (or while it runs) join it or the next one.
+  let scheduled = false;
+  const start = () => {
+    scheduled = false;
+    if (!draining) void drain();
+  };
   return <T>(fn: (trx: Transaction<DB>) => Promise<T>) =>
     new Promise<T>((resolve, reject) => {
       queue.push({ fn, resolve: resolve as (value: unknown) => void, reject });
-      if (!draining) void drain();
+      if (draining || scheduled) return;
+      scheduled = true;
+      setImmediate(start);
     });
 }

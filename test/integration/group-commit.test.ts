@@ -71,6 +71,24 @@ describe('group commit (SQLite)', () => {
     expect(commits).toBeLessThan(24);
   });
 
+  test('behavior: transactions asked for by separate callbacks of one event-loop turn commit as one group', async () => {
+    // Two timers due together run in the same timers phase, one callback after the other (each followed by
+    // its microtasks), as two requests read in the same poll phase do. A group that started at once would
+    // have committed the first before the second callback ran.
+    const pending: Promise<number>[] = [];
+    await new Promise<void>((resolve) => {
+      setTimeout(() => pending.push(appendOne('first')), 0);
+      setTimeout(() => {
+        pending.push(appendOne('second'));
+        resolve();
+      }, 0);
+    });
+    expect(await Promise.all(pending)).toEqual([0, 1]);
+    expect(statements.filter((s) => s === 'commit')).toHaveLength(1);
+    expect(statements.filter((s) => s.startsWith('savepoint'))).toHaveLength(1);
+    expect(committedLabels()).toEqual(['first', 'second']);
+  });
+
   test('behavior: a lone transaction is just BEGIN IMMEDIATE, its statements, COMMIT (no savepoint)', async () => {
     await appendOne('alone');
     expect(statements).toEqual([
