@@ -26,6 +26,7 @@ import {
 import pg from 'pg';
 import { StorageConfigError, StorageError } from './errors.ts';
 import { groupCommitting, type TransactionRunner } from './group-commit.ts';
+import type { StatementRunner } from './internal.ts';
 import type { Tables } from './schema.ts';
 
 export type Dialect = 'sqlite' | 'postgres';
@@ -43,6 +44,13 @@ export type Database = {
    * SQLite the transactions waiting at the same time are committed as one group (see group-commit.ts).
    */
   transaction: TransactionRunner<Tables>;
+  /**
+   * Runs a short write that needs no transaction of its own (one statement, or statements each valid alone)
+   * with `runner`: on SQLite in the commit group that is scheduled or running when one is (its commit is
+   * shared; it waits no longer than it would for the connection), otherwise at once on its own (autocommit).
+   * On PostgreSQL always at once on the pool.
+   */
+  write<T>(fn: (runner: StatementRunner) => Promise<T>): Promise<T>;
 };
 
 export type CreateDatabaseOptions = {
@@ -141,7 +149,10 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
     }
     statement.run();
   };
-  const database = wrap(db, 'sqlite', groupCommitting(db, raw));
+  const group = groupCommitting(db, raw);
+  const database = wrap(db, 'sqlite', group.transaction, (fn) =>
+    group.busy() ? group.transaction(fn) : fn(db),
+  );
   if (!checkpointer) return database;
   let closing: Promise<void> | undefined;
   return {
@@ -179,12 +190,14 @@ function wrap(
   db: Kysely<Tables>,
   dialect: Dialect,
   transaction: TransactionRunner<Tables> = (fn) => db.transaction().execute((trx) => fn(trx)),
+  write: Database['write'] = (fn) => fn(db),
 ): Database {
   let closing: Promise<void> | undefined;
   return {
     db,
     dialect,
     transaction,
+    write,
     close() {
       closing ??= db.destroy();
       return closing;

@@ -27,6 +27,9 @@ import type { Kysely, Transaction } from 'kysely';
 
 export type TransactionRunner<DB> = <T>(fn: (trx: Transaction<DB>) => Promise<T>) => Promise<T>;
 
+/** The group-committing runner, and whether a group is scheduled or running (a write asked for now joins one). */
+export type GroupCommitting<DB> = { transaction: TransactionRunner<DB>; busy(): boolean };
+
 /**
  * Runs a savepoint statement (`savepoint x`, `release savepoint x`, `rollback to savepoint x`) on the one
  * connection, synchronously. Only called while the group's transaction holds that connection, between two
@@ -49,7 +52,7 @@ export function groupCommitting<DB>(
   db: Kysely<DB>,
   raw: RawStatement,
   maxGroup = GROUP_COMMIT_MAX,
-): TransactionRunner<DB> {
+): GroupCommitting<DB> {
   const queue: Waiting<DB>[] = [];
   let draining = false;
 
@@ -126,11 +129,14 @@ export function groupCommitting<DB>(
     scheduled = false;
     if (!draining) void drain();
   };
-  return <T>(fn: (trx: Transaction<DB>) => Promise<T>) =>
-    new Promise<T>((resolve, reject) => {
-      queue.push({ fn, resolve: resolve as (value: unknown) => void, reject });
-      if (draining || scheduled) return;
-      scheduled = true;
-      setImmediate(start);
-    });
+  return {
+    transaction: <T>(fn: (trx: Transaction<DB>) => Promise<T>) =>
+      new Promise<T>((resolve, reject) => {
+        queue.push({ fn, resolve: resolve as (value: unknown) => void, reject });
+        if (draining || scheduled) return;
+        scheduled = true;
+        setImmediate(start);
+      }),
+    busy: () => draining || scheduled,
+  };
 }

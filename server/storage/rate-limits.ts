@@ -269,10 +269,9 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       if (windows.length === 0) return { allowed: true, windows: [] };
       // Rows in one order (by bucket) for every admission: concurrent statements lock them in the same order.
       const ordered = [...windows].sort((a, b) => (a.bucket < b.bucket ? -1 : a.bucket > b.bucket ? 1 : 0));
-      const rows = await countAll(ordered.length)(
-        db,
-        ...ordered.flatMap((w) => [w.bucket, w.start, w.cost, w.cap]),
-      );
+      // On SQLite in the commit group under way, if any: under load its commit is shared.
+      const values = ordered.flatMap((w) => [w.bucket, w.start, w.cost, w.cap]);
+      const rows = await database.write((runner) => countAll(ordered.length)(runner, ...values));
       const counted = new Map(rows.map((row) => [row.bucket, toNumber(row.used)]));
       if (counted.size === windows.length)
         return { allowed: true, windows: windows.map((w) => result(w, counted.get(w.bucket) ?? 0, true)) };

@@ -89,6 +89,23 @@ describe('group commit (SQLite)', () => {
     expect(committedLabels()).toEqual(['first', 'second']);
   });
 
+  test('behavior: a write runs at once on its own when no group is under way, and joins the group when one is', async () => {
+    const insert = (n: number, label: string) =>
+      database.write((runner) =>
+        runner.executeQuery(sql`insert into items (n, label) values (${n}, ${label})`.compile(database.db)),
+      );
+    await insert(0, 'alone');
+    expect(statements).toEqual(['insert into items (n, label) values (?, ?)']);
+
+    statements.length = 0;
+    const grouped = appendOne('first');
+    await insert(2, 'joined');
+    expect(await grouped).toBe(1);
+    expect(statements.filter((s) => s === 'commit')).toHaveLength(1);
+    expect(statements.filter((s) => s.startsWith('savepoint'))).toHaveLength(1);
+    expect(committedLabels()).toEqual(['alone', 'first', 'joined']);
+  });
+
   test('behavior: a lone transaction is just BEGIN IMMEDIATE, its statements, COMMIT (no savepoint)', async () => {
     await appendOne('alone');
     expect(statements).toEqual([
