@@ -52,11 +52,16 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
       let outcome = 'ok';
       const timer = new AbortController();
       let timeout: NodeJS.Timeout | undefined;
+      // One timer for the whole answer, pushed back at every event (not a new timer per event).
       const arm = () => {
-        clearTimeout(timeout);
-        timeout = setTimeout(() => timer.abort(), options.timeoutMs);
+        if (timeout) timeout.refresh();
+        else timeout = setTimeout(() => timer.abort(), options.timeoutMs);
       };
-      const signal = request.signal ? AbortSignal.any([request.signal, timer.signal]) : timer.signal;
+      // The client leaving aborts the upstream call too (a listener, not AbortSignal.any: cheaper per call).
+      const onClientGone = () => timer.abort(request.signal?.reason);
+      if (request.signal?.aborted) onClientGone();
+      else request.signal?.addEventListener('abort', onClientGone, { once: true });
+      const signal = timer.signal;
       const fail = (
         kind: ChatProviderError['kind'],
         message: string,
@@ -253,6 +258,7 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
         // After `[DONE]` the rest is drained and the connection kept (still under the timer); otherwise dropped.
         await response?.release(done);
         clearTimeout(timeout);
+        request.signal?.removeEventListener('abort', onClientGone);
         options.observe?.(outcome, (performance.now() - started) / 1000);
       }
     },
