@@ -259,16 +259,25 @@ function startCheckpointer(filename: string, intervalMs: number): { stop(): Prom
     `,
     {
       eval: true,
+      // Plain CommonJS, whatever flags the process runs with: inherited, `--input-type=module` made this
+      // code an ES module (no `require`: the thread died at once), and `--import tsx` loaded a loader in it.
+      execArgv: [],
       workerData: { module: createRequire(import.meta.url).resolve('better-sqlite3'), filename, intervalMs },
     },
   );
   worker.unref();
   // A checkpointer that cannot run leaves the safety net; the server does not depend on it.
   worker.on('error', () => {});
+  let exited = false;
+  worker.once('exit', () => {
+    exited = true;
+  });
   let stopping: Promise<void> | undefined;
   return {
     stop() {
       stopping ??= new Promise<void>((done) => {
+        // A thread that is gone already (it failed to open the file, say) sends no second 'exit'.
+        if (exited) return done();
         worker.once('exit', () => done());
         // Kept alive while it finishes: close() is awaited.
         worker.ref();

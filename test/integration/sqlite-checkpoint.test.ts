@@ -5,14 +5,17 @@
  * the server's connection, which only a checkpoint can have put there, while the connection's own automatic
  * checkpoint is far from due.
  */
+import { execFile } from 'node:child_process';
 import { copyFileSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 import SqliteDatabase from 'better-sqlite3';
 import { sql } from 'kysely';
 import { afterAll, expect, test } from 'vitest';
 import { createDatabase } from '../../server/storage/database.ts';
 import { migrate } from '../../server/storage/migrations.ts';
+import { repoRoot } from '../support/contract.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'checkpoint-'));
 afterAll(() => rmSync(scratch, { recursive: true, force: true }));
@@ -65,4 +68,47 @@ test('close() stops the thread and is idempotent; an in-memory database has no W
   const memory = await createDatabase('sqlite::memory:');
   await migrate(memory);
   await memory.close();
+});
+
+test('close() settles when the checkpointer thread is gone already (it could not open the file)', async () => {
+  const dir = join(scratch, 'vanishing');
+  const database = await createDatabase(`sqlite:${join(dir, 'db.sqlite')}`);
+  // The server's connection keeps its open file; the thread, starting a moment later, finds no file to open
+  // and ends before close() is called. close() used to wait for an 'exit' that had already been sent.
+  rmSync(dir, { recursive: true, force: true });
+  await new Promise((resolve) => setTimeout(resolve, 1000));
+  const closed = await Promise.race([
+    database.close().then(() => 'closed'),
+    new Promise((resolve) => setTimeout(() => resolve('still waiting'), 5000)),
+  ]);
+  expect(closed).toBe('closed');
+});
+
+test('the checkpointer thread runs in a process started with --input-type=module (as test workers are)', async () => {
+  const file = join(scratch, 'esm-process.sqlite');
+  const script = `
+    const { createDatabase } = await import('./server/storage/database.ts');
+    const { sql } = await import('kysely');
+    const database = await createDatabase(process.argv[1], { checkpointIntervalMs: 20 });
+    await sql\`create table t (n integer primary key)\`.execute(database.db);
+    for (let i = 0; i < 20; i++) await sql\`insert into t (n) values (\${i})\`.execute(database.db);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    await database.close();
+    console.log('closed');
+  `;
+  const { stdout } = await promisify(execFile)(
+    process.execPath,
+    ['--import', 'tsx', '--input-type=module', '-e', script, `sqlite:${file}`],
+    { cwd: repoRoot, timeout: 30_000 },
+  );
+  expect(stdout.trim()).toBe('closed');
+  // Checkpointed by the thread (the connection's own checkpoint is far from due): the rows are in the file.
+  const copy = join(scratch, 'esm-copy.sqlite');
+  copyFileSync(file, copy);
+  const db = new SqliteDatabase(copy, { readonly: true });
+  try {
+    expect(Number((db.prepare('select count(*) as n from t').get() as { n: number }).n)).toBe(20);
+  } finally {
+    db.close();
+  }
 });
