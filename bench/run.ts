@@ -272,8 +272,9 @@ async function main(): Promise<Report> {
       target: { url: `${floor.origin}/proxy`, method: 'POST', headers: json(), body: rpcBody },
     },
   ];
+  const everyTarget = [...throughputTargets, ...latencyOnly];
   log('checking every target once');
-  for (const { id, target } of [...throughputTargets, ...latencyOnly]) {
+  for (const { id, target } of everyTarget) {
     const body = await probe(target).catch((error: unknown) => {
       throw new Error(`${id}: ${(error as Error).message}`);
     });
@@ -298,7 +299,7 @@ async function main(): Promise<Report> {
       );
     }
     for (const id of latencyPairs) {
-      const target = [...throughputTargets, ...latencyOnly].find((t) => t.id === id)?.target;
+      const target = everyTarget.find((t) => t.id === id)?.target;
       if (!target) continue;
       const result = await latency(target, settings.latencyCount);
       latencies.set(id, [...(latencies.get(id) ?? []), result]);

@@ -268,22 +268,19 @@ function startCheckpointer(filename: string, intervalMs: number): { stop(): Prom
   worker.unref();
   // A checkpointer that cannot run leaves the safety net; the server does not depend on it.
   worker.on('error', () => {});
-  let exited = false;
-  worker.once('exit', () => {
-    exited = true;
-  });
+  // Listened to from the start: a thread that is gone before stop() (it failed to open the file, say) sends
+  // its one 'exit' then, not again.
+  const exited = new Promise<void>((done) => worker.once('exit', () => done()));
   let stopping: Promise<void> | undefined;
   return {
     stop() {
-      stopping ??= new Promise<void>((done) => {
-        // A thread that is gone already (it failed to open the file, say) sends no second 'exit'.
-        if (exited) return done();
-        worker.once('exit', () => done());
+      if (!stopping) {
         // Kept alive while it finishes: close() is awaited.
         worker.ref();
         worker.postMessage('stop');
         setTimeout(() => void worker.terminate(), 2000).unref();
-      });
+        stopping = exited;
+      }
       return stopping;
     },
   };

@@ -45,6 +45,14 @@ type Waiting<DB> = {
 
 type Done<DB> = Waiting<DB> & { result: unknown };
 
+/** A waiting function with its result, as an object of one shape (not a spread: this runs per transaction). */
+const completed = <DB>(item: Waiting<DB>, result: unknown): Done<DB> => ({
+  fn: item.fn,
+  resolve: item.resolve,
+  reject: item.reject,
+  result,
+});
+
 /** How many transactions one group holds at most, so that a waiting plain statement is not held for long. */
 export const GROUP_COMMIT_MAX = 16;
 
@@ -80,7 +88,7 @@ export function groupCommitting<DB>(
       next.reject(error);
       throw error;
     }
-    return { fn: next.fn, resolve: next.resolve, reject: next.reject, result };
+    return completed(next, result);
   }
 
   async function runGroup(): Promise<void> {
@@ -91,8 +99,7 @@ export function groupCommitting<DB>(
       await db.transaction().execute(async (trx) => {
         began = true;
         try {
-          const result = await first.fn(trx);
-          done.push({ fn: first.fn, resolve: first.resolve, reject: first.reject, result });
+          done.push(completed(first, await first.fn(trx)));
         } catch (error) {
           // The first function is alone in the transaction: undoing it is the plain rollback.
           first.reject(error);
@@ -125,9 +132,10 @@ export function groupCommitting<DB>(
   // The first transaction asked for while nothing runs schedules the group; those asked for until it starts
   // (or while it runs) join it or the next one.
   let scheduled = false;
+  // Nothing drains while a group is scheduled: `transaction` schedules only when no drain runs.
   const start = () => {
     scheduled = false;
-    if (!draining) void drain();
+    void drain();
   };
   return {
     transaction: <T>(fn: (trx: Transaction<DB>) => Promise<T>) =>

@@ -891,13 +891,13 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         trx,
         reservation.id,
         reservation.accountId,
-        apiKeyId,
+        reservation.apiKeyId,
         reservation.requestId,
         reservation.modelId,
-        usdPart,
-        diemPart,
-        epochDay,
-        at,
+        reservation.usdNano,
+        reservation.diemNano,
+        reservation.epochDay,
+        reservation.createdAtMs,
         reservation.expiresAtMs,
       );
       if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
