@@ -10,6 +10,12 @@
  * concurrent requests on any number of processes serialise per account. Uniqueness that must hold even
  * without the lock (a payment credited once, a request refunded once) is also a unique index.
  *
+ * On PostgreSQL the two operations of every request, a reservation of free USD and the capture of a USD
+ * reservation in hand, are one statement each (reserveAtOnce, captureAtOnce): the lock is taken by the
+ * statement's update of the account row and held for that statement, not across round trips between the
+ * driver and the server. The rest (DIEM, key spend limits, a reservation with the caller's statements, what
+ * the one statement could not do) runs in the transaction described above.
+ *
  * Invariants: `usd_balance_nano` equals the sum of the account's USD entries; `usd_reserved_nano` equals the
  * sum of its held reservations' USD parts and never exceeds the balance; nothing overspends.
  */
@@ -206,6 +212,9 @@ const CLAIMED_COLUMNS = [
 ] as const;
 type ClaimedReservation = Pick<Selectable<ReservationsTable>, (typeof CLAIMED_COLUMNS)[number]>;
 type NewEntry = Required<Insertable<LedgerEntriesTable>>;
+
+/** A one-statement capture that did not capture, and wrote nothing (see captureAtOnce). */
+class NotAtOnce extends Error {}
 
 export function toReservation(row: Selectable<ReservationsTable>): Reservation {
   return {
@@ -676,6 +685,142 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     });
   }
 
+  /**
+   * PostgreSQL: a reservation that draws on free USD only (no DIEM stake on the account; the key charged, if
+   * any, belongs to it and has no spend limit) as one statement sent on its own. Its update of the account row
+   * takes the row's lock, checks the free balance and raises the reserved amount; the insert of the hold reads
+   * what it returned. A concurrent writer of the account waits for the lock and then has PostgreSQL re-check the
+   * update's condition on the row as the previous holder left it (READ COMMITTED), so nothing is reserved that
+   * is not there. Every request of an account takes this lock: held for the statement alone instead of across
+   * the driver's round trips, it no longer bounds an account's requests per second to a few of them per event
+   * loop delay. Undefined when a condition does not hold: nothing was written, and the transaction of
+   * `reserveIn` decides (DIEM, spend limits, the errors).
+   */
+  async function reserveAtOnce(
+    input: ReserveInput,
+    apiKeyId: string | null,
+    at: number,
+    epochDay: number,
+  ): Promise<Reservation | undefined> {
+    const reservation: Reservation = {
+      id: randomId(),
+      accountId: input.accountId,
+      apiKeyId,
+      requestId: input.requestId,
+      modelId: input.modelId ?? null,
+      usdNano: input.amountNano,
+      diemNano: 0n,
+      epochDay,
+      status: 'held',
+      createdAtMs: at,
+      expiresAtMs: at + input.ttlMs,
+      settledAtMs: null,
+    };
+    const amount = sql`cast(${reservation.usdNano} as bigint)`;
+    const keyWithoutLimits =
+      apiKeyId === null
+        ? sql`true`
+        : sql`exists (select 1 from api_keys where id = ${apiKeyId} and account_id = ${reservation.accountId}
+            and limit_usd_nano is null and limit_diem_nano is null)`;
+    const { rows } = await sql<{ id: string }>`with held as (
+        update accounts set usd_reserved_nano = usd_reserved_nano + ${amount}
+        where id = ${reservation.accountId} and diem_stake_nano = 0
+          and usd_balance_nano - usd_reserved_nano >= ${amount} and ${keyWithoutLimits}
+        returning id)
+      insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano, epoch_day,
+        status, created_at_ms, expires_at_ms, settled_at_ms)
+      select ${reservation.id}, held.id, cast(${apiKeyId} as text), ${reservation.requestId},
+        cast(${reservation.modelId} as text), ${amount}, 0, cast(${epochDay} as integer), 'held',
+        cast(${at} as bigint), cast(${reservation.expiresAtMs} as bigint), null
+      from held
+      returning id`.execute(db);
+    return rows.length === 1 ? reservation : undefined;
+  }
+
+  /**
+   * PostgreSQL: `captureWith` of a reservation of USD only as one statement (`q`: the database, or the
+   * transaction that also runs the caller's `within`). In dependency order: the account row is updated (and
+   * locked) first, as every writer locks it first, skipping a reservation seen settled; then the claim, which
+   * needs that update and the reservation's exact figures still held; then the entries, whose balances after
+   * are the balance the update left plus the charges after each. When the claim fails after the account was
+   * updated (the reservation settled by another writer meanwhile), an entry's `account_id`, taken from the
+   * claim, is NULL: the NOT NULL constraint fails the statement and PostgreSQL undoes all of it. NotAtOnce
+   * (nothing written) when it did not capture: the transaction of `captureWith` decides (and throws).
+   */
+  async function captureAtOnce(
+    q: Executor,
+    reservation: Reservation,
+    split: ReturnType<typeof splitCharge>,
+    at: number,
+  ): Promise<LedgerEntry[]> {
+    const claimed: ClaimedReservation = {
+      id: reservation.id,
+      account_id: reservation.accountId,
+      api_key_id: reservation.apiKeyId,
+      request_id: reservation.requestId,
+      model_id: reservation.modelId,
+      usd_nano: reservation.usdNano,
+      diem_nano: reservation.diemNano,
+      epoch_day: reservation.epochDay,
+    };
+    // The balances after each entry as offsets from the balance before the capture, which the statement reads.
+    const entries = chargeEntries(
+      claimed,
+      split.parts,
+      { diemStakeNano: 0n, usdBalanceNano: 0n, diemUsedNano: 0n },
+      at,
+    );
+    const values = sql.join(
+      entries.map(
+        (e, i) => sql`(cast(${i} as integer), cast(${e.id} as text), cast(${e.amount_nano} as bigint),
+          cast(${e.balance_after_nano} as bigint), cast(${e.model_id} as text), cast(${e.sku} as text),
+          cast(${e.units} as text), cast(${e.unit_price_nano} as text), cast(${e.details} as text))`,
+      ),
+    );
+    let written: Array<{ id: string; seq: bigint | number; balance_after_nano: bigint }>;
+    try {
+      ({ rows: written } = await sql<(typeof written)[number]>`with settled as (
+          update accounts set
+            usd_balance_nano = usd_balance_nano - cast(${split.usdCharged} as bigint),
+            usd_reserved_nano = usd_reserved_nano - cast(${reservation.usdNano} as bigint)
+          where id = ${reservation.accountId}
+            and exists (select 1 from reservations where id = ${reservation.id} and status = 'held')
+          returning usd_balance_nano + cast(${split.usdCharged} as bigint) as before_nano),
+        claimed as (
+          update reservations set status = 'captured', settled_at_ms = cast(${at} as bigint)
+          where id = ${reservation.id} and status = 'held' and account_id = ${reservation.accountId}
+            and usd_nano = cast(${reservation.usdNano} as bigint) and diem_nano = 0
+            and epoch_day = cast(${reservation.epochDay} as integer) and exists (select 1 from settled)
+          returning account_id)
+        insert into ledger_entries (id, account_id, api_key_id, reservation_id, type, currency, amount_nano,
+          balance_after_nano, request_id, model_id, sku, units, unit_price_nano, details, network, tx_hash,
+          created_at_ms)
+        select e.id, claimed.account_id, cast(${reservation.apiKeyId} as text), ${reservation.id}, 'CHARGE', 'USD',
+          e.amount_nano, settled.before_nano + e.after_nano, ${reservation.requestId}, e.model_id, e.sku,
+          e.units, e.unit_price_nano, e.details, null, null, cast(${at} as bigint)
+        from (values ${values}) as e(ord, id, amount_nano, after_nano, model_id, sku, units, unit_price_nano,
+          details)
+        cross join settled left join claimed on true
+        order by e.ord
+        returning id, seq, balance_after_nano`.execute(q));
+    } catch (error) {
+      // 23502: the claim failed after the update (see above); 23514: a CHECK of the account refused it.
+      const code = (error as { code?: unknown } | null)?.code;
+      if (code === '23502' || code === '23514') throw new NotAtOnce();
+      throw error;
+    }
+    if (written.length === 0) throw new NotAtOnce();
+    const byId = new Map(written.map((row) => [row.id, row]));
+    if (written.length !== entries.length || byId.size !== entries.length)
+      throw new StorageError('STORAGE_FAILURE', 'Ledger entries were not written');
+    return entries
+      .map((entry) => {
+        const row = byId.get(entry.id) as (typeof written)[number];
+        return toLedgerEntry({ ...entry, seq: row.seq, balance_after_nano: row.balance_after_nano });
+      })
+      .sort((a, b) => a.seq - b.seq);
+  }
+
   // The statements of reserveWith / captureWith (appended; see there).
   const settleAccountReturning = compiledOnce(
     (chargedNano: bigint, releasedNano: bigint, accountId: string, reservationId: string) =>
@@ -737,22 +882,17 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
   }
 
   /**
-   * Writes the CHARGE entries of a claimed reservation's split: one per (item, currency) with a non-zero
-   * amount, each with the balance left after it (DIEM: the stake less the day's use; USD: `usdBalanceNano`,
-   * the balance before the capture, less).
+   * The CHARGE entries of a claimed reservation's split: one per (item, currency) with a non-zero amount, each
+   * with the balance left after it (DIEM: the stake less the day's use, `diemUsedNano` before the capture;
+   * USD: `usdBalanceNano`, the balance before the capture, less).
    */
-  async function writeCharges(
-    trx: Transaction<Tables>,
+  function chargeEntries(
     claimed: ClaimedReservation,
     parts: ReturnType<typeof splitCharge>['parts'],
-    balances: { diemStakeNano: bigint; usdBalanceNano: bigint },
+    balances: { diemStakeNano: bigint; usdBalanceNano: bigint; diemUsedNano: bigint },
     at: number,
-  ): Promise<LedgerEntry[]> {
-    // The day's DIEM counters matter only for DIEM entries, which need a DIEM part.
-    let diemUsed =
-      claimed.diem_nano > 0n
-        ? (await diemUsage(trx, claimed.account_id, toNumber(claimed.epoch_day))).usedNano
-        : 0n;
+  ): NewEntry[] {
+    let diemUsed = balances.diemUsedNano;
     let usdBalance = balances.usdBalanceNano;
     const values: NewEntry[] = [];
     for (const { item, diem, usd } of parts) {
@@ -782,7 +922,23 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         );
       }
     }
-    return insertEntries(trx, values);
+    return values;
+  }
+
+  /** Writes the CHARGE entries of a claimed reservation's split (chargeEntries). */
+  async function writeCharges(
+    trx: Transaction<Tables>,
+    claimed: ClaimedReservation,
+    parts: ReturnType<typeof splitCharge>['parts'],
+    balances: { diemStakeNano: bigint; usdBalanceNano: bigint },
+    at: number,
+  ): Promise<LedgerEntry[]> {
+    // The day's DIEM counters matter only for DIEM entries, which need a DIEM part.
+    const diemUsedNano =
+      claimed.diem_nano > 0n
+        ? (await diemUsage(trx, claimed.account_id, toNumber(claimed.epoch_day))).usedNano
+        : 0n;
+    return insertEntries(trx, chargeEntries(claimed, parts, { ...balances, diemUsedNano }, at));
   }
 
   /** What a capture returns, from its split and the entries it wrote. */
@@ -823,6 +979,10 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     const at = now();
     const epochDay = epochDayOf(at);
     const apiKeyId = input.apiKeyId ?? null;
+    if (dialect === 'postgres' && !within) {
+      const reservation = await reserveAtOnce(input, apiKeyId, at, epochDay);
+      if (reservation) return { reservation, within: undefined };
+    }
     return database.transaction(async (trx) => {
       // One statement: the account row, locked, with the limits of the key (when one is charged).
       const { account, key } =
@@ -1259,7 +1419,9 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
      * was still held with exactly those figures; otherwise it throws (ReservationStateError when it is not
      * held; on PostgreSQL a sweep settling it at that very moment may instead surface as the accounts CHECK
      * refusing the update) and the transaction undoes everything.
-     * Same split (DIEM first, then USD, item by item), entries and result as `capture`.
+     * Same split (DIEM first, then USD, item by item), entries and result as `capture`. On PostgreSQL a
+     * reservation of USD only is captured by one statement (captureAtOnce; with `within`, in a transaction with
+     * it, run after), and only what that statement could not capture goes through the transaction.
      */
     async captureWith<T>(
       reservation: Reservation,
@@ -1270,6 +1432,20 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       const split = splitCharge(captureItems(input), reservation.usdNano, reservation.diemNano);
       const { usdCharged, diemCharged } = split;
       const at = now();
+      if (dialect === 'postgres' && reservation.diemNano === 0n && usdCharged > 0n) {
+        try {
+          const entries = within
+            ? await database.transaction(async (trx) => {
+                const written = await captureAtOnce(trx, reservation, split, at);
+                await within(trx);
+                return written;
+              })
+            : await captureAtOnce(db, reservation, split, at);
+          return captured(split, entries);
+        } catch (error) {
+          if (!(error instanceof NotAtOnce)) throw error;
+        }
+      }
       return database.transaction(async (trx) => {
         // The account row first, as every writer locks it: here by the update that settles the USD figures.
         const [account] =

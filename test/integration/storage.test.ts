@@ -1364,6 +1364,108 @@ describe.each(engines)('storage on %s', (engine, open) => {
       await expectConsistent(account.id);
     });
 
+    test('behavior: captures with the reservation in hand racing releases of it from another instance settle each once', async () => {
+      const X = 50_000n;
+      const account = await fundedAccount(100n * X);
+      const held = await Promise.all(
+        Array.from({ length: 40 }, (_, i) =>
+          ledger.reserve({ accountId: account.id, amountNano: X, requestId: `race-${i}`, ttlMs: 60_000 }),
+        ),
+      );
+      const outcomes = await Promise.all(
+        held.map(({ reservation }, i) =>
+          Promise.all([
+            (i % 2 ? ledger : otherLedger)
+              .captureWith(reservation, { items: [{ sku: 'r', amountNano: X - BigInt(i) }] })
+              .then(
+                (c) => c.usdNano,
+                (error: unknown) => error,
+              ),
+            (i % 2 ? otherLedger : ledger).release(reservation.id).then((r) => r.released),
+          ]),
+        ),
+      );
+      let charged = 0n;
+      for (const [captured, released] of outcomes) {
+        // Exactly one of the two settles it; the other is told so and changes nothing.
+        if (released) expect(captured).toBeInstanceOf(ReservationStateError);
+        else charged += captured as bigint;
+      }
+      const captures = outcomes.filter(([, released]) => !released).length;
+      const balance = await ledger.getBalance(account.id);
+      expect(balance).toMatchObject({ usdNano: 100n * X - charged, usdReservedNano: 0n });
+      expect(await ledger.countEntries(account.id, { types: ['CHARGE'] })).toBe(captures);
+      const entries = await ledger.listEntriesSince(account.id, { limit: 1000 });
+      for (let i = 1; i < entries.length; i++) {
+        const [previous, entry] = [entries[i - 1], entries[i]];
+        expect(entry?.balanceAfterNano).toBe((previous?.balanceAfterNano ?? 0n) + (entry?.amountNano ?? 0n));
+      }
+      await expectConsistent(account.id);
+    });
+
+    // PostgreSQL: the capture's one statement reads the reservation as held, then waits for the account row
+    // while another writer settles the reservation. With it the only hold, the account's update breaks its
+    // CHECK; with another hold it passes, and the claim that finds the reservation settled fails the statement.
+    // Either way nothing is charged and the caller is told the reservation's state.
+    test.skipIf(engine !== 'postgres').each([1, 2])(
+      'behavior: a capture waiting behind a writer that settles its reservation captures nothing (%i held)',
+      async (holds) => {
+        const X = 1_000n;
+        const account = await fundedAccount(10n * X);
+        const reservations = [];
+        for (let i = 0; i < holds; i++) {
+          const { reservation } = await ledger.reserve({
+            accountId: account.id,
+            amountNano: X,
+            requestId: `behind-${holds}-${i}`,
+            ttlMs: 60_000,
+          });
+          reservations.push(reservation);
+        }
+        const target = reservations[0] as (typeof reservations)[number];
+        let finish = () => {};
+        const gate = new Promise<void>((resolve) => {
+          finish = resolve;
+        });
+        let locked = () => {};
+        const lockTaken = new Promise<void>((resolve) => {
+          locked = resolve;
+        });
+        const writer = (other as Database).transaction(async (trx) => {
+          await sql`select id from accounts where id = ${account.id} for update`.execute(trx);
+          await sql`update reservations set status = 'released', settled_at_ms = ${T0}
+            where id = ${target.id}`.execute(trx);
+          await sql`update accounts set usd_reserved_nano = usd_reserved_nano - ${X}
+            where id = ${account.id}`.execute(trx);
+          locked();
+          await gate;
+        });
+        await lockTaken;
+        const capture = ledger.captureWith(target, { items: [{ sku: 'x', amountNano: X / 2n }] }).then(
+          () => 'captured',
+          (error: unknown) => error,
+        );
+        // Until the capture waits for the account row.
+        for (let tries = 0; ; tries++) {
+          const { rows } = await sql<{ n: number }>`select count(*)::int as n from pg_stat_activity
+            where datname = current_database() and wait_event_type = 'Lock'`.execute(database.db);
+          if (rows[0]?.n) break;
+          if (tries > 500) throw new Error('the capture never waited for the account row');
+          await new Promise((resolve) => setTimeout(resolve, 10));
+        }
+        finish();
+        await writer;
+        expect(await capture).toBeInstanceOf(ReservationStateError);
+        expect(await capture).toMatchObject({ status: 'released' });
+        expect(await ledger.countEntries(account.id, { types: ['CHARGE'] })).toBe(0);
+        expect(await ledger.getBalance(account.id)).toMatchObject({
+          usdNano: 10n * X,
+          usdReservedNano: BigInt(holds - 1) * X,
+        });
+        await expectConsistent(account.id);
+      },
+    );
+
     test('behavior: four server processes reserving 50 times each against 100·X get exactly 100', async () => {
       const X = 7_777n;
       const account = await fundedAccount(100n * X);
