@@ -9,7 +9,7 @@
  * BENCH_POSTGRES=1 runs it on a throwaway PostgreSQL; BENCH_PROFILE=0 without the profiler.
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { Agent, createServer, request } from 'node:http';
+import { Agent, request } from 'node:http';
 import { Session } from 'node:inspector/promises';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -19,6 +19,7 @@ import pg from 'pg';
 import { pino } from 'pino';
 import { createApp } from '../server/app.ts';
 import { loadConfig } from '../server/config.ts';
+import { createHttpServer } from '../server/http/server.ts';
 import { createServices } from '../server/services.ts';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
@@ -59,7 +60,7 @@ const services = await createServices(config, pino({ level: 'warn' }), {
     ...(process.env.BENCH_MARKS === '1' ? { checkpointIntervalMs: 3_600_000 } : {}),
   },
 });
-const server = createServer(createApp(services.app));
+const server = createHttpServer(createApp(services.app));
 /** BENCH_SQL_TIMES=1: the time of every SQLite statement (better-sqlite3's run/all/get), by statement. */
 const sqlTimes = new Map<string, { us: number; n: number }>();
 if (process.env.BENCH_SQL_TIMES === '1' && postgres) {

@@ -10,7 +10,6 @@
  * authentication to dispatch run as one Express layer (http/pipeline.ts): the router's per-layer matching
  * would otherwise run a dozen times per request.
  */
-import { randomBytes } from 'node:crypto';
 import type { ServerResponse } from 'node:http';
 import compression from 'compression';
 import express, { type NextFunction, type Request, type RequestHandler, type Response } from 'express';
@@ -25,6 +24,7 @@ import { refuseNonFiniteParameters } from './http/finite-numbers.ts';
 import { jsonBody } from './http/json-body.ts';
 import { limitJsonDepth } from './http/json-depth.ts';
 import { pathBelowBase, rememberRouteMatches, sequence, underBasePath } from './http/pipeline.ts';
+import { randomHex } from './http/random-hex.ts';
 import { memoizeRouteRegexps } from './http/route-regexps.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
 import type { Metrics } from './observability/metrics.ts';
@@ -130,7 +130,7 @@ export function createApp(deps: AppDeps): express.Express {
 
   // Request id and the headers every response carries.
   app.use((req, res, next) => {
-    const requestId = `${randomBytes(8).toString('hex')}-${config.colo}`;
+    const requestId = `${randomHex(8)}-${config.colo}`;
     const locals = res.locals as Locals;
     locals.requestId = requestId;
     locals.start = process.hrtime.bigint();

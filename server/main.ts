@@ -5,7 +5,7 @@
  * that many workers, each of which runs the rest of this file.
  */
 import cluster from 'node:cluster';
-import { createServer, type Server } from 'node:http';
+import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { setFlagsFromString } from 'node:v8';
 import { pino } from 'pino';
@@ -14,6 +14,7 @@ import { bootstrap } from './bootstrap.ts';
 import { superviseWorkers } from './cluster.ts';
 import { type Config, ConfigError, loadConfig } from './config.ts';
 import { answerClientErrors } from './http/client-errors.ts';
+import { createHttpServer } from './http/server.ts';
 import { createServices, type Services } from './services.ts';
 
 /** Paths pino never writes: credentials in headers and secrets in objects. */
@@ -79,7 +80,8 @@ if (primary) {
 
 async function serve(services: Services) {
   const app = createApp(services.app);
-  const server: Server = createServer(app);
+  // Requests and responses built on Express's prototypes from the start (see http/server.ts).
+  const server: Server = createHttpServer(app);
   answerClientErrors(server);
   server.listen(config.port, config.host);
   await new Promise<void>((resolve, reject) => {

@@ -5,11 +5,11 @@
  * forwards the bytes to the network's nodes (with failover), then charges what the answer really cost and
  * returns the node's bytes unchanged. Everything that does not depend on the request is prepared at start.
  */
-import { randomBytes } from 'node:crypto';
 import type { Transaction } from 'kysely';
 import type { components } from '../../../generated/api.d.ts';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
+import { randomHex } from '../../http/random-hex.ts';
 import { formatUsdFixed } from '../../money.ts';
 import { type RpcUpstream, UpstreamError } from '../../providers/rpc/port.ts';
 import { hashRequestBody, type IdempotencyScope, type IdempotencyStore } from '../../storage/idempotency.ts';
@@ -164,7 +164,7 @@ export function createRpcService(deps: RpcServiceDeps) {
     signal: AbortSignal | undefined,
   ): Promise<RpcCallResult> {
     const subject = principal.accountId;
-    const requestId = randomBytes(16).toString('hex');
+    const requestId = randomHex(16);
     const worstNano = BigInt(plan.worstCase) * price;
     // Also when the worst case is free (a zero price): the reservation's account lock serialises the count.
     const { reservation, within: bucketMs } = await deps.charges.reserveWith(

@@ -1,0 +1,164 @@
+/**
+ * createHttpServer (server/http/server.ts): requests and responses are built on the Express application's
+ * prototypes from the start, so Express's per-request `setPrototypeOf` changes nothing; everything else must be
+ * as with `app.listen`. Checked on a small application and on the real one (SQLite), against `app.listen`.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { IncomingMessage, type Server, ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import express from 'express';
+import { pino } from 'pino';
+import { afterAll, describe, expect, test } from 'vitest';
+import { createApp } from '../../server/app.ts';
+import { loadConfig } from '../../server/config.ts';
+import { createHttpServer } from '../../server/http/server.ts';
+import { parseUsdToNano } from '../../server/money.ts';
+import { createServices } from '../../server/services.ts';
+
+const scratch = mkdtempSync(join(tmpdir(), 'http-server-'));
+const servers: Server[] = [];
+
+afterAll(async () => {
+  for (const server of servers) {
+    server.closeAllConnections();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  }
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+async function listening(server: Server): Promise<string> {
+  servers.push(server);
+  server.listen(0, '127.0.0.1');
+  await new Promise<void>((resolve) => server.once('listening', () => resolve()));
+  return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+}
+
+describe('createHttpServer', () => {
+  test('behavior: requests and responses are born with the application prototypes, on new and reused connections', async () => {
+    const app = express();
+    app.use((_req, res) => {
+      res.json({ ok: true });
+    });
+    const born: boolean[] = [];
+    const server = createHttpServer(app);
+    server.prependListener('request', (req, res) => {
+      born.push(Object.getPrototypeOf(req) === app.request && Object.getPrototypeOf(res) === app.response);
+    });
+    const base = await listening(server);
+    for (let i = 0; i < 3; i++) expect((await fetch(`${base}/x`)).status).toBe(200);
+    const fresh = await fetch(`${base}/y`, { headers: { connection: 'close' } });
+    expect(fresh.status).toBe(200);
+    expect(born).toEqual([true, true, true, true]);
+  });
+
+  test('behavior: Express works as ever (routing, query, locals, status, JSON, errors, HEAD) and Node options reach the response', async () => {
+    const app = express();
+    app.set('query parser', 'extended');
+    app.get('/items/:id', (req, res) => {
+      res.locals.seen = req.params.id;
+      res.status(201).json({
+        id: req.params.id,
+        path: req.path,
+        query: req.query,
+        seen: res.locals.seen,
+        objects: req instanceof IncomingMessage && res instanceof ServerResponse,
+      });
+    });
+    // A body written to a HEAD response: refused only if the server's option reached the response.
+    let refused: string | undefined;
+    app.head('/raw', (_req, res) => {
+      try {
+        res.write('body');
+      } catch (error) {
+        refused = (error as { code?: string }).code;
+      }
+      res.end();
+    });
+    app.get('/fail', () => {
+      throw new Error('boom');
+    });
+    app.use((error: Error, _req: express.Request, res: express.Response, _next: express.NextFunction) => {
+      res.status(500).json({ error: error.message });
+    });
+    const base = await listening(createHttpServer(app, { rejectNonStandardBodyWrites: true }));
+    const response = await fetch(`${base}/items/7?a[b]=1&c=2`);
+    expect(response.status).toBe(201);
+    expect(response.headers.get('content-type')).toBe('application/json; charset=utf-8');
+    expect(await response.json()).toEqual({
+      id: '7',
+      path: '/items/7',
+      query: { a: { b: '1' }, c: '2' },
+      seen: '7',
+      objects: true,
+    });
+    const failed = await fetch(`${base}/fail`);
+    expect([failed.status, await failed.json()]).toEqual([500, { error: 'boom' }]);
+    const head = await fetch(`${base}/items/8`, { method: 'HEAD' });
+    expect([head.status, await head.text()]).toEqual([201, '']);
+    expect((await fetch(`${base}/nowhere`)).status).toBe(404);
+    expect((await fetch(`${base}/raw`, { method: 'HEAD' })).status).toBe(200);
+    expect(refused).toBe('ERR_HTTP_BODY_NOT_ALLOWED');
+  });
+
+  test('behavior: the real application answers the same through it as through app.listen', async () => {
+    const config = loadConfig({
+      NODE_ENV: 'test',
+      LOG_LEVEL: 'silent',
+      DATABASE_URL: `sqlite:${join(scratch, 'db.sqlite')}`,
+      VIDEO_WORKER_ENABLED: 'false',
+    });
+    const services = await createServices(config, pino({ level: 'silent' }));
+    try {
+      const account = await services.accounts.createApiAccount({});
+      await services.ledger.topUp({ accountId: account.id, amountNano: parseUsdToNano('5') });
+      const { secret } = await services.keys.create({ accountId: account.id, keyType: 'INFERENCE' });
+      const app = createApp(services.app);
+      const bases = [await listening(createHttpServer(app)), await listening(app.listen(0, '127.0.0.1'))];
+      const chat = (body: unknown, headers: Record<string, string> = {}) => ({
+        path: '/api/v1/chat/completions',
+        init: {
+          method: 'POST',
+          headers: { authorization: `Bearer ${secret}`, 'content-type': 'application/json', ...headers },
+          body: JSON.stringify(body),
+        },
+      });
+      const requests = [
+        { path: '/api/v1/models?type=text', init: {} },
+        chat({ model: 'llama-3.3-70b', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4, seed: 7 }),
+        chat({ model: 'llama-3.3-70b', messages: 'not a list' }),
+        chat({ model: 'llama-3.3-70b', messages: [] }, { 'accept-encoding': 'gzip' }),
+        { path: '/api/v1/chat/completions', init: { method: 'GET' } },
+        { path: '/api/v1/nowhere', init: {} },
+        { path: '/api/v1/api_keys', init: {} },
+        { path: '/healthz', init: { headers: { origin: 'http://example.test' } } },
+      ];
+      // Ids, times and balances differ between two calls; the rest must not.
+      const comparable = (text: string) =>
+        text
+          .replace(/"(id|created|cfRay)":"?[^",]*"?/g, '"$1":_')
+          .replace(/chatcmpl-[0-9a-f]+-[A-Z]+/g, 'chatcmpl-_');
+      const answers = await Promise.all(
+        bases.map(async (base) => {
+          const out = [];
+          for (const { path, init } of requests) {
+            const response = await fetch(`${base}${path}`, init);
+            const headers = [...response.headers.keys()].filter((name) => !['date', 'cf-ray'].includes(name));
+            out.push({
+              status: response.status,
+              type: response.headers.get('content-type'),
+              headers: headers.filter((name) => !name.startsWith('x-service-balance')).sort(),
+              body: comparable(await response.text()),
+            });
+          }
+          return out;
+        }),
+      );
+      expect(answers[0]?.map((a) => a.status)).toEqual([200, 200, 400, 400, 405, 404, 401, 200]);
+      expect(answers[0]).toEqual(answers[1]);
+    } finally {
+      await services.close();
+    }
+  });
+});
