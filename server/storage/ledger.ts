@@ -234,8 +234,13 @@ export function toReservation(row: Selectable<ReservationsTable>): Reservation {
 }
 
 export function toLedgerEntry(row: Selectable<LedgerEntriesTable>): LedgerEntry {
+  return entryWithSeq(row, row.seq);
+}
+
+/** The LedgerEntry of a row's columns and its `seq` (an entry just written: no copy of it to add `seq`). */
+function entryWithSeq(row: Omit<Selectable<LedgerEntriesTable>, 'seq'>, seq: number | bigint): LedgerEntry {
   return {
-    seq: toNumber(row.seq),
+    seq: toNumber(seq),
     id: row.id,
     accountId: row.account_id,
     apiKeyId: row.api_key_id,
@@ -529,7 +534,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     if (rows.length !== entries.length || seqOf.size !== entries.length)
       throw new StorageError('STORAGE_FAILURE', 'Ledger entries were not written');
     return entries
-      .map((entry) => toLedgerEntry({ ...entry, seq: seqOf.get(entry.id) ?? 0 }))
+      .map((entry) => entryWithSeq(entry, seqOf.get(entry.id) ?? 0))
       .sort((a, b) => a.seq - b.seq);
   }
 
@@ -816,7 +821,8 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     return entries
       .map((entry) => {
         const row = byId.get(entry.id) as (typeof written)[number];
-        return toLedgerEntry({ ...entry, seq: row.seq, balance_after_nano: row.balance_after_nano });
+        entry.balance_after_nano = row.balance_after_nano;
+        return entryWithSeq(entry, row.seq);
       })
       .sort((a, b) => a.seq - b.seq);
   }
@@ -848,10 +854,13 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
   function captureItems(input: CaptureInput) {
     return input.items.map((item, index) => {
       assertAmount(`items[${index}].amountNano`, item.amountNano);
+      // One shape for every item, whatever the caller's objects hold.
       return {
-        ...item,
+        sku: item.sku,
+        amountNano: item.amountNano,
         units: decimalText(`items[${index}].units`, item.units),
         unitPriceNano: decimalText(`items[${index}].unitPriceNano`, item.unitPriceNano),
+        modelId: item.modelId ?? null,
         details: item.details === undefined || item.details === null ? null : JSON.stringify(item.details),
       };
     });
@@ -895,31 +904,40 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     let diemUsed = balances.diemUsedNano;
     let usdBalance = balances.usdBalanceNano;
     const values: NewEntry[] = [];
+    // One literal of one shape per entry (no spreads: they copy through the runtime and give every entry its
+    // own hidden class), in entryValues' column order.
+    const entry = (
+      item: StoredItem,
+      currency: Currency,
+      amountNano: bigint,
+      afterNano: bigint,
+    ): NewEntry => ({
+      id: randomId(),
+      api_key_id: claimed.api_key_id,
+      reservation_id: claimed.id,
+      request_id: claimed.request_id,
+      model_id: item.modelId ?? claimed.model_id,
+      sku: item.sku,
+      units: item.units,
+      unit_price_nano: item.unitPriceNano,
+      details: item.details,
+      network: null,
+      tx_hash: null,
+      created_at_ms: at,
+      account_id: claimed.account_id,
+      type: 'CHARGE',
+      currency,
+      amount_nano: amountNano,
+      balance_after_nano: afterNano,
+    });
     for (const { item, diem, usd } of parts) {
-      const common = {
-        account_id: claimed.account_id,
-        api_key_id: claimed.api_key_id,
-        reservation_id: claimed.id,
-        type: 'CHARGE' as const,
-        request_id: claimed.request_id,
-        model_id: item.modelId ?? claimed.model_id,
-        sku: item.sku,
-        units: item.units,
-        unit_price_nano: item.unitPriceNano,
-        details: item.details,
-      };
       if (diem > 0n) {
         diemUsed += diem;
-        const left = maxBig(0n, balances.diemStakeNano - diemUsed);
-        values.push(
-          entryValues({ ...common, currency: 'DIEM', amount_nano: -diem, balance_after_nano: left }, at),
-        );
+        values.push(entry(item, 'DIEM', -diem, maxBig(0n, balances.diemStakeNano - diemUsed)));
       }
       if (usd > 0n) {
         usdBalance -= usd;
-        values.push(
-          entryValues({ ...common, currency: 'USD', amount_nano: -usd, balance_after_nano: usdBalance }, at),
-        );
+        values.push(entry(item, 'USD', -usd, usdBalance));
       }
     }
     return values;
