@@ -372,22 +372,28 @@ async function writeReply(
     await reply.stream(res, signal);
     return;
   }
+  // The answers Express shapes itself (HEAD, 204/304, a Content-Type already set) go through its methods.
+  const plain = (status: number) =>
+    status !== 204 && status !== 304 && res.req.method !== 'HEAD' && !res.hasHeader('Content-Type');
   if ('contentType' in reply) {
-    res.status(reply.status).type(reply.contentType).send(reply.body);
+    const { status, contentType, body } = reply as { status: number; contentType: string; body: unknown };
+    // JSON already serialised (the JSON-RPC proxy's answer, a replayed chat) is written as a JSON answer is
+    // below: the same headers and bytes as Express's send, without its layers.
+    if (
+      contentType === 'application/json' &&
+      (typeof body === 'string' || Buffer.isBuffer(body)) &&
+      plain(status)
+    ) {
+      writeJsonText(res, status, body);
+      return;
+    }
+    res.status(status).type(contentType).send(body);
     return;
   }
   const json = reply as { status: number; body: unknown };
-  // Response validation hooks res.json: a validating server always goes through it. So do the answers
-  // Express shapes itself (HEAD, 204/304, no body, a Content-Type to give a charset).
+  // Response validation hooks res.json: a validating server always goes through it.
   const { status, body } = json;
-  if (
-    !reuseSerialized ||
-    body === undefined ||
-    status === 204 ||
-    status === 304 ||
-    res.req.method === 'HEAD' ||
-    res.hasHeader('Content-Type')
-  ) {
+  if (!reuseSerialized || body === undefined || !plain(status)) {
     res.status(status).json(body);
     return;
   }
@@ -401,7 +407,11 @@ async function writeReply(
   } else {
     text = JSON.stringify(body);
   }
-  // What res.json then res.send write for a JSON text (no ETag: disabled), without their layers.
+  writeJsonText(res, status, text);
+}
+
+/** What res.json then res.send write for a JSON text (no ETag: disabled), without their layers. */
+function writeJsonText(res: ServerResponse, status: number, text: string | Buffer) {
   res.statusCode = status;
   res.setHeader('Content-Type', 'application/json; charset=utf-8');
   res.setHeader('Content-Length', Buffer.byteLength(text));

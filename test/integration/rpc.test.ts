@@ -263,6 +263,21 @@ describe('POST /crypto/rpc/{network}: batches, prices and headers', () => {
     expect(await balance()).toBe(before);
   });
 
+  test('behavior: the answer is the bytes the node sent, as JSON, with the headers Express would give it', async () => {
+    const request = { jsonrpc: '2.0', id: 7, method: 'eth_chainId', params: [] };
+    const direct = await fetch(anvil.url, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(request),
+    });
+    const expected = await direct.text();
+    const answer = await post('base-mainnet', request);
+    expect(answer.status).toBe(200);
+    expect(answer.text).toBe(expected);
+    expect(answer.headers.get('content-type')).toBe('application/json; charset=utf-8');
+    expect(answer.headers.get('content-length')).toBe(String(Buffer.byteLength(expected)));
+  });
+
   test.each([
     ['eth_blockNumber', 'base-mainnet', 20, '0.00001400'],
     ['txpool_status', 'base-mainnet', 40, '0.00002800'],
