@@ -4,7 +4,7 @@
  * default id source (time-ordered UUIDs) and statements compiled once.
  */
 import { randomFillSync } from 'node:crypto';
-import type { Compilable, CompiledQuery, QueryResult } from 'kysely';
+import type { Compilable, CompiledQuery, QueryResult, RawBuilder } from 'kysely';
 import { InvalidInputError } from './errors.ts';
 
 export const DAY_MS = 86_400_000;
@@ -165,6 +165,13 @@ export function assertAmount(field: string, value: bigint): void {
 }
 
 /** What runs a compiled statement: the Kysely instance or a transaction of it. */
+/**
+ * A write of a caller's made by another repository's statement (PostgreSQL: a data-modifying CTE of it), so
+ * that both cost one round trip and commit or fail together. `guard` names a CTE of that statement with one row
+ * when the write is to happen and none otherwise; the write selects from it.
+ */
+export type EmbeddedWrite = (guard: RawBuilder<unknown>) => RawBuilder<unknown>;
+
 export type StatementRunner = { executeQuery<R>(query: CompiledQuery<R>): Promise<QueryResult<R>> };
 
 /**

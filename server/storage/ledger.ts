@@ -37,6 +37,7 @@ import {
   assertAmount,
   compiledOnce,
   DAY_MS,
+  type EmbeddedWrite,
   epochDayOf,
   isoDay,
   isUniqueViolation,
@@ -757,6 +758,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     reservation: Reservation,
     split: ReturnType<typeof splitCharge>,
     at: number,
+    alongside?: EmbeddedWrite,
   ): Promise<LedgerEntry[]> {
     const claimed: ClaimedReservation = {
       id: reservation.id,
@@ -796,7 +798,12 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
           where id = ${reservation.id} and status = 'held' and account_id = ${reservation.accountId}
             and usd_nano = cast(${reservation.usdNano} as bigint) and diem_nano = 0
             and epoch_day = cast(${reservation.epochDay} as integer) and exists (select 1 from settled)
-          returning account_id)
+          returning account_id)${
+            alongside
+              ? sql`,
+        alongside as (${alongside(sql`claimed`)})`
+              : sql``
+          }
         insert into ledger_entries (id, account_id, api_key_id, reservation_id, type, currency, amount_nano,
           balance_after_nano, request_id, model_id, sku, units, unit_price_nano, details, network, tx_hash,
           created_at_ms)
@@ -1444,7 +1451,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     async captureWith<T>(
       reservation: Reservation,
       input: CaptureInput,
-      within?: (trx: Transaction<Tables>) => Promise<T>,
+      within?: ((trx: Transaction<Tables>) => Promise<T>) & { embedded?: EmbeddedWrite },
     ): Promise<CaptureResult> {
       // The split needs only the reservation's figures: computed before the transaction.
       const split = splitCharge(captureItems(input), reservation.usdNano, reservation.diemNano);
@@ -1452,13 +1459,15 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       const at = now();
       if (dialect === 'postgres' && reservation.diemNano === 0n && usdCharged > 0n) {
         try {
-          const entries = within
-            ? await database.transaction(async (trx) => {
-                const written = await captureAtOnce(trx, reservation, split, at);
-                await within(trx);
-                return written;
-              })
-            : await captureAtOnce(db, reservation, split, at);
+          // `within` as a write of the one statement when it has that form; else in a transaction with it.
+          const entries =
+            within && !within.embedded
+              ? await database.transaction(async (trx) => {
+                  const written = await captureAtOnce(trx, reservation, split, at);
+                  await within(trx);
+                  return written;
+                })
+              : await captureAtOnce(db, reservation, split, at, within?.embedded);
           return captured(split, entries);
         } catch (error) {
           if (!(error instanceof NotAtOnce)) throw error;

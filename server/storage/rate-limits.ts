@@ -17,11 +17,12 @@
  * counted for a refused request. Until the decrement lands, a concurrent request of the same caller may see
  * those windows one unit fuller than they will be: it can only be refused early, never admitted over a limit.
  */
-import type { Selectable } from 'kysely';
+import { type Selectable, sql } from 'kysely';
 import type { Database } from './database.ts';
 import { InvalidInputError } from './errors.ts';
 import {
   compiledOnce,
+  type EmbeddedWrite,
   type RepositoryOptions,
   resolveOptions,
   type StatementRunner,
@@ -141,6 +142,14 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       .where('bucket', '=', bucket)
       .where('window_start_ms', '=', windowStart),
   );
+  /** A hit's checked figures and its window. */
+  function planHit(input: HitInput) {
+    const windowMs = positiveInteger('windowMs', input.windowMs);
+    const limit = positiveInteger('limit', input.limit, true);
+    const cost = positiveInteger('cost', input.cost ?? 1, true);
+    return { limit, cost, ...windowOf(windowMs, input.now ?? now()) };
+  }
+
   const countHit = compiledOnce((bucket: string, windowStart: number, cost: number, limit: number) =>
     db
       .insertInto('rate_limit_counters')
@@ -216,10 +225,7 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
      * comment): on its own, or as a statement of the caller's transaction `runner` (committed with it).
      */
     async hit(input: HitInput, runner: StatementRunner = db): Promise<HitResult> {
-      const windowMs = positiveInteger('windowMs', input.windowMs);
-      const limit = positiveInteger('limit', input.limit, true);
-      const cost = positiveInteger('cost', input.cost ?? 1, true);
-      const { start, resetAtMs } = windowOf(windowMs, input.now ?? now());
+      const { limit, cost, start, resetAtMs } = planHit(input);
       const result = (used: number, allowed: boolean): HitResult => ({
         allowed,
         used,
@@ -232,6 +238,21 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       const [row] = await countHit(runner, input.bucket, start, cost, limit);
       if (row) return result(toNumber(row.used), true);
       return result(await current(input.bucket, start, runner), false);
+    },
+
+    /**
+     * `hit` as a write embedded in another repository's statement (PostgreSQL; see EmbeddedWrite): counted
+     * when the guard has its row, with the same condition as `hit`; undefined when `hit` would write nothing.
+     * What it does not give back is whether it was allowed: for counts that need no answer (tokens after the
+     * work is done).
+     */
+    hitAlong(input: HitInput): EmbeddedWrite | undefined {
+      const { limit, cost, start } = planHit(input);
+      if (cost > limit) return undefined;
+      return (guard) => sql`insert into rate_limit_counters (bucket, window_start_ms, used)
+        select cast(${input.bucket} as text), cast(${start} as bigint), cast(${cost} as bigint) from ${guard}
+        on conflict (bucket, window_start_ms) do update set used = rate_limit_counters.used + excluded.used
+        where rate_limit_counters.used + excluded.used <= cast(${limit} as bigint)`;
     },
 
     /**

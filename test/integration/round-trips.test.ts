@@ -108,7 +108,8 @@ const capture = (tx: string[]) => tx.some(captures);
 // reserved amount; a chat's capture, knowing the reservation's figures, settles the account (the update locks
 // it), claims the reservation, inserts the entries (one statement), counts the tokens per minute.
 // PostgreSQL: a reservation of free USD is one statement on its own (no transaction: the account row is locked
-// for that statement only); a capture is one statement, in a transaction only with the caller's statements.
+// for that statement only); so is a capture, the chat's token count a write of that statement (a capture with
+// other statements of the caller's runs them with it in a transaction).
 // A JSON-RPC call: before the node is asked, the reservation with the per-minute count and the credit cap's take
 // (one guarded upsert each) under the same account lock; after, the capture knowing the reservation's figures
 // (SQLite: settle the account, claim the reservation, insert the entry; PostgreSQL: one statement, alone).
@@ -122,7 +123,7 @@ const engines = [
   {
     name: 'PostgreSQL',
     url: () => postgres.createDatabase('round_trips'),
-    chat: { total: 7, commits: 1, reserve: [], capture: [2], alone: 1 },
+    chat: { total: 4, commits: 0, reserve: [], capture: [], alone: 2 },
     rpc: { total: 9, commits: 1, reserve: [5], capture: [], alone: 1 },
   },
 ];
@@ -182,13 +183,35 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
     expect(statements.filter(reserves)).toHaveLength(1);
     expect(statements.filter(captures)).toHaveLength(1);
     // The rate limits: one statement admits the request in all its windows, one counts its tokens after it,
-    // inside the capture's transaction (at most two commits per request, not three).
-    const counters = statements.filter((s) => s.includes('"rate_limit_counters"'));
-    expect(counters.map((s) => s.split(' (')[0])).toEqual(Array(2).fill('insert into "rate_limit_counters"'));
-    const [captured] = txs.filter(capture);
-    expect(captured?.at(-1)).toMatch(/^insert into "rate_limit_counters"/);
+    // inside the capture's transaction (SQLite: at most two commits per request, not three) or as a write of
+    // the capture's one statement (PostgreSQL).
+    const counters = statements.filter((s) => s.includes('rate_limit_counters'));
+    expect(counters[0]?.split(' (')[0]).toBe('insert into "rate_limit_counters"');
+    if (chatShape.alone === 0) {
+      expect(counters).toHaveLength(2);
+      const [captured] = txs.filter(capture);
+      expect(captured?.at(-1)).toMatch(/^insert into "rate_limit_counters"/);
+    } else {
+      expect(counters).toEqual([counters[0], statements.find(captures)]);
+    }
     expect(statements.filter((s) => s === 'commit')).toHaveLength(chatShape.commits);
     expect(statements.length, statements.join('\n')).toBe(chatShape.total);
+  });
+
+  test("each chat's tokens are counted in its model's tokens-per-minute window", async () => {
+    const counted = async () =>
+      (
+        await server.services.database.db
+          .selectFrom('rate_limit_counters')
+          .select('used')
+          .where('bucket', 'like', '%:TPM')
+          .execute()
+      ).reduce((sum, row) => sum + Number(row.used), 0);
+    const before = await counted();
+    const answers = (await Promise.all([chat(), chat()])) as Array<{ usage: { total_tokens: number } }>;
+    const tokens = answers.reduce((sum, answer) => sum + answer.usage.total_tokens, 0);
+    expect(tokens).toBeGreaterThan(0);
+    expect((await counted()) - before).toBe(tokens);
   });
 
   test('a JSON-RPC call: two transactions, the reservation (with the credit cap) and the capture', async () => {

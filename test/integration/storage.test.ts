@@ -630,6 +630,47 @@ describe.each(engines)('storage on %s', (engine, open) => {
       await expectConsistent(account.id);
     });
 
+    test('behavior: a capture with a count alongside (PostgreSQL: one statement) counts only when it captures', async () => {
+      const account = await fundedAccount(10n * USD);
+      const bucket = `along-${account.id}`;
+      const hit = (cost: number) => ({ bucket, windowMs: 60_000, limit: 1_000_000, cost, now: nowMs });
+      const count = (cost: number) =>
+        Object.assign(
+          async (runner: Parameters<typeof limits.hit>[1]) => {
+            await limits.hit(hit(cost), runner);
+          },
+          { embedded: limits.hitAlong(hit(cost)) },
+        );
+      const used = async () =>
+        (
+          await database.db
+            .selectFrom('rate_limit_counters')
+            .select('used')
+            .where('bucket', '=', bucket)
+            .executeTakeFirst()
+        )?.used;
+      const { reservation } = await ledger.reserve({
+        accountId: account.id,
+        amountNano: USD,
+        requestId: 'along-1',
+        ttlMs: 60_000,
+      });
+      const items = [{ sku: 'x', amountNano: 1_000n }];
+      const result = await ledger.captureWith(reservation, { items }, count(7));
+      expect(result.entries).toHaveLength(1);
+      expect(Number(await used())).toBe(7);
+      // Not held any more: refused, and nothing counted.
+      await expect(ledger.captureWith(reservation, { items }, count(5))).rejects.toBeInstanceOf(
+        ReservationStateError,
+      );
+      expect(Number(await used())).toBe(7);
+      // A count that cannot fit is not embedded; the capture counts it as `hit` would (not at all).
+      expect(limits.hitAlong(hit(2_000_000))).toBeUndefined();
+      await expectConsistent(account.id);
+      // The rate-limit tests below count the windows they prune.
+      await database.db.deleteFrom('rate_limit_counters').where('bucket', '=', bucket).execute();
+    });
+
     test('behavior: a capture above the reservation is clamped to it and flagged', async () => {
       const account = await fundedAccount(10n * USD);
       const { reservation } = await ledger.reserve({

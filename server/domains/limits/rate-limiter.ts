@@ -9,7 +9,7 @@ import type { CatalogService } from '../../catalog/service.ts';
 import type { Principal } from '../../http/auth.ts';
 import type { ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
-import type { StatementRunner } from '../../storage/internal.ts';
+import type { EmbeddedWrite, StatementRunner } from '../../storage/internal.ts';
 import type {
   AdmitWindow,
   HitResult,
@@ -36,7 +36,11 @@ const typeOf = (p: Principal) => (p.kind === 'apiKey' ? 'api_key' : 'user');
 export type RateLimiter = ReturnType<typeof createRateLimiter>;
 
 /** A counting statement bound to its values: run on its own, or in the caller's transaction `runner`. */
-export type TokenCount = (runner?: StatementRunner) => Promise<void>;
+/**
+ * A request's token count, run on its own (no argument) or in the caller's transaction (`runner`); `embedded`
+ * is the same count as a write another statement can make (the capture's, on PostgreSQL: one round trip).
+ */
+export type TokenCount = ((runner?: StatementRunner) => Promise<void>) & { embedded?: EmbeddedWrite };
 
 export function createRateLimiter(deps: RateLimiterDeps) {
   const now = deps.now ?? Date.now;
@@ -90,9 +94,12 @@ export function createRateLimiter(deps: RateLimiterDeps) {
       cost: tokens,
       now: now(),
     };
-    return async (runner) => {
+    const count: TokenCount = async (runner) => {
       await deps.rateLimits.hit(input, runner);
     };
+    const embedded = deps.rateLimits.hitAlong(input);
+    if (embedded) count.embedded = embedded;
+    return count;
   }
 
   return {
