@@ -691,6 +691,30 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     });
   }
 
+  /** The reservation a hold of `usdNano` and `diemNano` at `at` writes (a fresh id, held, its expiry). */
+  function heldReservation(
+    input: ReserveInput,
+    apiKeyId: string | null,
+    usdNano: bigint,
+    diemNano: bigint,
+    at: number,
+  ): Reservation {
+    return {
+      id: randomId(),
+      accountId: input.accountId,
+      apiKeyId,
+      requestId: input.requestId,
+      modelId: input.modelId ?? null,
+      usdNano,
+      diemNano,
+      epochDay: epochDayOf(at),
+      status: 'held',
+      createdAtMs: at,
+      expiresAtMs: at + input.ttlMs,
+      settledAtMs: null,
+    };
+  }
+
   /**
    * PostgreSQL: a reservation that draws on free USD only (no DIEM stake on the account; the key charged, if
    * any, belongs to it and has no spend limit) as one statement sent on its own. Its update of the account row
@@ -706,22 +730,8 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     input: ReserveInput,
     apiKeyId: string | null,
     at: number,
-    epochDay: number,
   ): Promise<Reservation | undefined> {
-    const reservation: Reservation = {
-      id: randomId(),
-      accountId: input.accountId,
-      apiKeyId,
-      requestId: input.requestId,
-      modelId: input.modelId ?? null,
-      usdNano: input.amountNano,
-      diemNano: 0n,
-      epochDay,
-      status: 'held',
-      createdAtMs: at,
-      expiresAtMs: at + input.ttlMs,
-      settledAtMs: null,
-    };
+    const reservation = heldReservation(input, apiKeyId, input.amountNano, 0n, at);
     const amount = sql`cast(${reservation.usdNano} as bigint)`;
     const keyWithoutLimits =
       apiKeyId === null
@@ -736,7 +746,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano, epoch_day,
         status, created_at_ms, expires_at_ms, settled_at_ms)
       select ${reservation.id}, held.id, cast(${apiKeyId} as text), ${reservation.requestId},
-        cast(${reservation.modelId} as text), ${amount}, 0, cast(${epochDay} as integer), 'held',
+        cast(${reservation.modelId} as text), ${amount}, 0, cast(${reservation.epochDay} as integer), 'held',
         cast(${at} as bigint), cast(${reservation.expiresAtMs} as bigint), null
       from held
       returning id`.execute(db);
@@ -750,7 +760,8 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
    * needs that update and the reservation's exact figures still held; then the entries, whose balances after
    * are the balance the update left plus the charges after each. When the claim fails after the account was
    * updated (the reservation settled by another writer meanwhile), an entry's `account_id`, taken from the
-   * claim, is NULL: the NOT NULL constraint fails the statement and PostgreSQL undoes all of it. NotAtOnce
+   * claim, is NULL: the NOT NULL constraint fails the statement and PostgreSQL undoes all of it. `alongside`,
+   * a caller's write, is a further CTE that selects from the claim: made exactly when the capture is. NotAtOnce
    * (nothing written) when it did not capture: the transaction of `captureWith` decides (and throws).
    */
   async function captureAtOnce(
@@ -1005,7 +1016,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     const epochDay = epochDayOf(at);
     const apiKeyId = input.apiKeyId ?? null;
     if (dialect === 'postgres' && !within) {
-      const reservation = await reserveAtOnce(input, apiKeyId, at, epochDay);
+      const reservation = await reserveAtOnce(input, apiKeyId, at);
       if (reservation) return { reservation, within: undefined };
     }
     return database.transaction(async (trx) => {
@@ -1058,20 +1069,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         }
       }
       // The row is exactly these values (an INSERT without ON CONFLICT writes it or throws): not read back.
-      const reservation: Reservation = {
-        id: randomId(),
-        accountId: input.accountId,
-        apiKeyId,
-        requestId: input.requestId,
-        modelId: input.modelId ?? null,
-        usdNano: usdPart,
-        diemNano: diemPart,
-        epochDay,
-        status: 'held',
-        createdAtMs: at,
-        expiresAtMs: at + input.ttlMs,
-        settledAtMs: null,
-      };
+      const reservation = heldReservation(input, apiKeyId, usdPart, diemPart, at);
       await insertReservation(
         trx,
         reservation.id,
@@ -1445,8 +1443,9 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
      * held; on PostgreSQL a sweep settling it at that very moment may instead surface as the accounts CHECK
      * refusing the update) and the transaction undoes everything.
      * Same split (DIEM first, then USD, item by item), entries and result as `capture`. On PostgreSQL a
-     * reservation of USD only is captured by one statement (captureAtOnce; with `within`, in a transaction with
-     * it, run after), and only what that statement could not capture goes through the transaction.
+     * reservation of USD only is captured by one statement (captureAtOnce), `within` included when it comes as
+     * a write that statement can make (`within.embedded`), else run after it in one transaction; only what that
+     * statement could not capture goes through the transaction above.
      */
     async captureWith<T>(
       reservation: Reservation,
