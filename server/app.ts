@@ -372,9 +372,6 @@ async function writeReply(
     await reply.stream(res, signal);
     return;
   }
-  // The answers Express shapes itself (HEAD, 204/304, a Content-Type already set) go through its methods.
-  const plain = (status: number) =>
-    status !== 204 && status !== 304 && res.req.method !== 'HEAD' && !res.hasHeader('Content-Type');
   if ('contentType' in reply) {
     const { status, contentType, body } = reply as { status: number; contentType: string; body: unknown };
     // JSON already serialised (the JSON-RPC proxy's answer, a replayed chat) is written as a JSON answer is
@@ -382,7 +379,7 @@ async function writeReply(
     if (
       contentType === 'application/json' &&
       (typeof body === 'string' || Buffer.isBuffer(body)) &&
-      plain(status)
+      plainAnswer(res, status)
     ) {
       writeJsonText(res, status, body);
       return;
@@ -393,7 +390,7 @@ async function writeReply(
   const json = reply as { status: number; body: unknown };
   // Response validation hooks res.json: a validating server always goes through it.
   const { status, body } = json;
-  if (!reuseSerialized || body === undefined || !plain(status)) {
+  if (!reuseSerialized || body === undefined || !plainAnswer(res, status)) {
     res.status(status).json(body);
     return;
   }
@@ -408,6 +405,11 @@ async function writeReply(
     text = JSON.stringify(body);
   }
   writeJsonText(res, status, text);
+}
+
+/** Whether the answer is ours to write: not one Express shapes itself (HEAD, 204/304, a Content-Type set). */
+function plainAnswer(res: ServerResponse & Response, status: number): boolean {
+  return status !== 204 && status !== 304 && res.req.method !== 'HEAD' && !res.hasHeader('Content-Type');
 }
 
 /** What res.json then res.send write for a JSON text (no ETag: disabled), without their layers. */

@@ -164,7 +164,6 @@ export function assertAmount(field: string, value: bigint): void {
   if (value < 0n) throw new InvalidInputError(field, `${field} must not be negative`);
 }
 
-/** What runs a compiled statement: the Kysely instance or a transaction of it. */
 /**
  * A write of a caller's made by another repository's statement (PostgreSQL: a data-modifying CTE of it), so
  * that both cost one round trip and commit or fail together. `guard` names a CTE of that statement with one row
@@ -172,6 +171,7 @@ export function assertAmount(field: string, value: bigint): void {
  */
 export type EmbeddedWrite = (guard: RawBuilder<unknown>) => RawBuilder<unknown>;
 
+/** What runs a compiled statement: the Kysely instance or a transaction of it. */
 export type StatementRunner = { executeQuery<R>(query: CompiledQuery<R>): Promise<QueryResult<R>> };
 
 /**

@@ -147,6 +147,11 @@ export type CaptureItem = {
   details?: unknown;
 };
 export type CaptureInput = { items: CaptureItem[] };
+/**
+ * The caller's statements of a capture (`captureWith`), run in its transaction; `embedded`, the same writes in
+ * the form the capture's one statement can make on PostgreSQL (see EmbeddedWrite).
+ */
+export type CaptureWithin<T> = ((trx: Transaction<Tables>) => Promise<T>) & { embedded?: EmbeddedWrite };
 export type CaptureResult = {
   entries: LedgerEntry[];
   /** What was charged in USD and DIEM (positive). */
@@ -530,12 +535,26 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     // One statement for all of them: both engines number the rows of a multi-row VALUES in list order, so
     // `seq` follows the order the entries were computed in; sorted by `seq` since RETURNING order is not
     // promised. Each entry is what was written plus the `seq` it was given.
-    const rows = await insertEntryRows(trx, entries);
-    const seqOf = new Map(rows.map((row) => [row.id, row.seq]));
-    if (rows.length !== entries.length || seqOf.size !== entries.length)
+    return writtenEntries(entries, await insertEntryRows(trx, entries));
+  }
+
+  /**
+   * The entries as written: each with the `seq` its row was given (and the balance after, when the statement
+   * computed it), in `seq` order; StorageError unless every entry has exactly one row.
+   */
+  function writtenEntries(
+    entries: NewEntry[],
+    rows: Array<{ id: string; seq: number | bigint; balance_after_nano?: bigint }>,
+  ): LedgerEntry[] {
+    const rowOf = new Map(rows.map((row) => [row.id, row]));
+    if (rows.length !== entries.length || rowOf.size !== entries.length)
       throw new StorageError('STORAGE_FAILURE', 'Ledger entries were not written');
     return entries
-      .map((entry) => entryWithSeq(entry, seqOf.get(entry.id) ?? 0))
+      .map((entry) => {
+        const row = rowOf.get(entry.id) as (typeof rows)[number];
+        if (row.balance_after_nano !== undefined) entry.balance_after_nano = row.balance_after_nano;
+        return entryWithSeq(entry, row.seq);
+      })
       .sort((a, b) => a.seq - b.seq);
   }
 
@@ -833,16 +852,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       throw error;
     }
     if (written.length === 0) throw new NotAtOnce();
-    const byId = new Map(written.map((row) => [row.id, row]));
-    if (written.length !== entries.length || byId.size !== entries.length)
-      throw new StorageError('STORAGE_FAILURE', 'Ledger entries were not written');
-    return entries
-      .map((entry) => {
-        const row = byId.get(entry.id) as (typeof written)[number];
-        entry.balance_after_nano = row.balance_after_nano;
-        return entryWithSeq(entry, row.seq);
-      })
-      .sort((a, b) => a.seq - b.seq);
+    return writtenEntries(entries, written);
   }
 
   // The statements of reserveWith / captureWith (appended; see there).
@@ -1450,7 +1460,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     async captureWith<T>(
       reservation: Reservation,
       input: CaptureInput,
-      within?: ((trx: Transaction<Tables>) => Promise<T>) & { embedded?: EmbeddedWrite },
+      within?: CaptureWithin<T>,
     ): Promise<CaptureResult> {
       // The split needs only the reservation's figures: computed before the transaction.
       const split = splitCharge(captureItems(input), reservation.usdNano, reservation.diemNano);

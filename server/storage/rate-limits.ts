@@ -242,11 +242,14 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
 
     /**
      * `hit` as a write embedded in another repository's statement (PostgreSQL; see EmbeddedWrite): counted
-     * when the guard has its row, with the same condition as `hit`; undefined when `hit` would write nothing.
+     * when the guard has its row, with the same condition as `hit`; undefined on SQLite and when `hit` would
+     * write nothing.
      * What it does not give back is whether it was allowed: for counts that need no answer (tokens after the
      * work is done).
      */
     hitAlong(input: HitInput): EmbeddedWrite | undefined {
+      // SQLite's writes cannot be CTEs, nor do its statements cost round trips: callers run `hit`.
+      if (database.dialect !== 'postgres') return undefined;
       const { limit, cost, start } = planHit(input);
       if (cost > limit) return undefined;
       return (guard) => sql`insert into rate_limit_counters (bucket, window_start_ms, used)

@@ -6,8 +6,13 @@ import type { Transaction } from 'kysely';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
 import { InsufficientBalanceError, KeySpendLimitError } from '../../storage/errors.ts';
-import type { EmbeddedWrite } from '../../storage/internal.ts';
-import type { CaptureItem, CaptureResult, LedgerRepository, Reservation } from '../../storage/ledger.ts';
+import type {
+  CaptureItem,
+  CaptureResult,
+  CaptureWithin,
+  LedgerRepository,
+  Reservation,
+} from '../../storage/ledger.ts';
 import type { Tables } from '../../storage/schema.ts';
 
 export type ChargesDeps = {
@@ -105,7 +110,7 @@ export function createCharges(deps: ChargesDeps) {
     captureWith<T>(
       reservation: Reservation,
       items: CaptureItem[],
-      within?: ((trx: Transaction<Tables>) => Promise<T>) & { embedded?: EmbeddedWrite },
+      within?: CaptureWithin<T>,
     ): Promise<CaptureResult> {
       return deps.ledger.captureWith(reservation, { items }, within);
     },

@@ -35,7 +35,6 @@ const typeOf = (p: Principal) => (p.kind === 'apiKey' ? 'api_key' : 'user');
 
 export type RateLimiter = ReturnType<typeof createRateLimiter>;
 
-/** A counting statement bound to its values: run on its own, or in the caller's transaction `runner`. */
 /**
  * A request's token count, run on its own (no argument) or in the caller's transaction (`runner`); `embedded`
  * is the same count as a write another statement can make (the capture's, on PostgreSQL: one round trip).
