@@ -19,7 +19,10 @@ export type ServerProcess = {
   logs(): Array<Record<string, unknown>>;
   /** Pids of the workers a cluster primary started (from its log). */
   workerPids(): number[];
-  /** Resolves with the exit code (null when killed by a signal). */
+  /**
+   * Resolves with the exit code (null when killed by a signal) once everything the process (and any worker
+   * sharing its pipes) wrote has been read: Node may emit 'exit' before the last lines arrive.
+   */
   exited: Promise<number | null>;
   /** The exit code once the process has exited, else null. */
   exitCode(): number | null;
@@ -85,7 +88,17 @@ export async function startServerProcess(
   child.stderr?.on('data', (d: Buffer) => {
     out += d.toString();
   });
-  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  const exited = new Promise<number | null>((resolve) =>
+    child.once('exit', (code) => {
+      // 'close' follows once the pipes are drained; a process left holding them (a worker of a killed
+      // primary) must not hang the test, so give up waiting after a while.
+      const timer = setTimeout(() => resolve(code), 5_000);
+      child.once('close', () => {
+        clearTimeout(timer);
+        resolve(code);
+      });
+    }),
+  );
   const logs = () => parseLines(out);
   const workerPids = () =>
     logs()
