@@ -5,6 +5,7 @@
  */
 import { randomFillSync } from 'node:crypto';
 import type { Compilable, CompiledQuery, QueryResult, RawBuilder } from 'kysely';
+import pg from 'pg';
 import { InvalidInputError } from './errors.ts';
 
 export const DAY_MS = 86_400_000;
@@ -167,9 +168,27 @@ export function assertAmount(field: string, value: bigint): void {
 /**
  * A write of a caller's made by another repository's statement (PostgreSQL: a data-modifying CTE of it), so
  * that both cost one round trip and commit or fail together. `guard` names a CTE of that statement with one row
- * when the write is to happen and none otherwise; the write selects from it.
+ * when the write is to happen and none otherwise; the write selects from it, and returns a row when it wrote
+ * (none when its own condition refused), so that a further write can be guarded by it in turn.
  */
 export type EmbeddedWrite = (guard: RawBuilder<unknown>) => RawBuilder<unknown>;
+
+/**
+ * A compiled PostgreSQL statement as text with its values written in as literals (pg's escapeLiteral for text,
+ * digits for integers, `null`), for a script of several statements sent as one query: PostgreSQL's simple query
+ * protocol, the only one that carries several, carries no parameters. `$n` placeholders are the compiler's own
+ * (the statements written for scripts hold no `$` otherwise); values of any other type are refused.
+ */
+export function withLiterals(query: CompiledQuery): string {
+  return query.sql.replace(/\$(\d+)/g, (_, n: string) => {
+    const value = query.parameters[Number(n) - 1];
+    if (typeof value === 'string') return pg.escapeLiteral(value);
+    if (typeof value === 'bigint' || (typeof value === 'number' && Number.isSafeInteger(value)))
+      return String(value);
+    if (value === null) return 'null';
+    throw new InvalidInputError('parameter', `a script takes text, integers and null, not ${typeof value}`);
+  });
+}
 
 /** What runs a compiled statement: the Kysely instance or a transaction of it. */
 export type StatementRunner = { executeQuery<R>(query: CompiledQuery<R>): Promise<QueryResult<R>> };

@@ -11,10 +11,12 @@
  * without the lock (a payment credited once, a request refunded once) is also a unique index.
  *
  * On PostgreSQL the two operations of every request, a reservation of free USD and the capture of a USD
- * reservation in hand, are one statement each (reserveAtOnce, captureAtOnce): the lock is taken by the
+ * reservation in hand, are one round trip each (reserveAtOnce, captureAtOnce): the lock is taken by the
  * statement's update of the account row and held for that statement, not across round trips between the
- * driver and the server. The rest (DIEM, key spend limits, a reservation with the caller's statements, what
- * the one statement could not do) runs in the transaction described above.
+ * driver and the server; a reservation with the caller's writes (the JSON-RPC caps) is a script of two
+ * statements sent as one query, the lock and then one statement. The rest (DIEM, key spend limits, the
+ * caller's statements in any other form, what the one statement could not do) runs in the transaction
+ * described above.
  *
  * Invariants: `usd_balance_nano` equals the sum of the account's USD entries; `usd_reserved_nano` equals the
  * sum of its held reservations' USD parts and never exceeds the balance; nothing overspends.
@@ -49,6 +51,7 @@ import {
   toBigInt,
   toNumber,
   toNumberOrNull,
+  withLiterals,
 } from './internal.ts';
 import type { LedgerEntriesTable, ReservationsTable, Tables } from './schema.ts';
 
@@ -152,6 +155,15 @@ export type CaptureInput = { items: CaptureItem[] };
  * the form the capture's one statement can make on PostgreSQL (see EmbeddedWrite).
  */
 export type CaptureWithin<T> = ((trx: Transaction<Tables>) => Promise<T>) & { embedded?: EmbeddedWrite };
+/**
+ * The caller's statements of a reservation (`reserveWith`), run in its transaction under the account's lock;
+ * `embedded`, the same writes in the form the reservation's one round trip can make on PostgreSQL (each guarded
+ * by the one before, see EmbeddedWrite) with what the function would then return. When an embedded write
+ * refuses, nothing is written and the transaction runs the function, which works out the refusal.
+ */
+export type ReserveWithin<T> = ((trx: Transaction<Tables>) => Promise<T>) & {
+  embedded?: { writes: EmbeddedWrite[]; result: T };
+};
 export type CaptureResult = {
   entries: LedgerEntry[];
   /** What was charged in USD and DIEM (positive). */
@@ -221,6 +233,15 @@ type NewEntry = Required<Insertable<LedgerEntriesTable>>;
 
 /** A one-statement capture that did not capture, and wrote nothing (see captureAtOnce). */
 class NotAtOnce extends Error {}
+
+/**
+ * PostgreSQL undid a one-round-trip write because a constraint refused it: 23502 (NOT NULL: a guarded step
+ * found nothing after an earlier one wrote) or 23514 (a CHECK of the account).
+ */
+function undoneByConstraint(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return code === '23502' || code === '23514';
+}
 
 export function toReservation(row: Selectable<ReservationsTable>): Reservation {
   return {
@@ -744,11 +765,21 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
    * the driver's round trips, it no longer bounds an account's requests per second to a few of them per event
    * loop delay. Undefined when a condition does not hold: nothing was written, and the transaction of
    * `reserveIn` decides (DIEM, spend limits, the errors).
+   *
+   * With the caller's `writes` (ReserveWithin.embedded), a script of two statements sent as one query (one
+   * implicit transaction): the account row locked, then one statement of the writes, each guarded by the one
+   * before, the hold guarded by the last, and the reservation. The lock comes first and alone because a write
+   * may decide on rows that no update of this statement locks (the credit cap sums a day of buckets): under
+   * READ COMMITTED a statement reads what was committed when it started, and only a statement started after
+   * the lock reads every write of the account's previous holders. The reservation row is inserted whatever
+   * happened, its account taken from the hold: when a write or the hold refused after another wrote, it is
+   * NULL, NOT NULL fails the statement and PostgreSQL undoes the script.
    */
   async function reserveAtOnce(
     input: ReserveInput,
     apiKeyId: string | null,
     at: number,
+    writes?: EmbeddedWrite[],
   ): Promise<Reservation | undefined> {
     const reservation = heldReservation(input, apiKeyId, input.amountNano, 0n, at);
     const amount = sql`cast(${reservation.usdNano} as bigint)`;
@@ -757,19 +788,43 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         ? sql`true`
         : sql`exists (select 1 from api_keys where id = ${apiKeyId} and account_id = ${reservation.accountId}
             and limit_usd_nano is null and limit_diem_nano is null)`;
-    const { rows } = await sql<{ id: string }>`with held as (
+    const guarded = writes?.length
+      ? writes.reduce(
+          (chain, write, i) => ({
+            ctes: sql`${chain.ctes}admitted_${sql.raw(String(i))} as (${write(chain.last)}), `,
+            last: sql`admitted_${sql.raw(String(i))}`,
+          }),
+          { ctes: sql``, last: sql`(select 1) as go` },
+        )
+      : undefined;
+    const hold = sql`with ${guarded ? guarded.ctes : sql``}held as (
         update accounts set usd_reserved_nano = usd_reserved_nano + ${amount}
         where id = ${reservation.accountId} and diem_stake_nano = 0
-          and usd_balance_nano - usd_reserved_nano >= ${amount} and ${keyWithoutLimits}
+          and usd_balance_nano - usd_reserved_nano >= ${amount} and ${keyWithoutLimits}${
+            guarded ? sql` and exists (select 1 from ${guarded.last})` : sql``
+          }
         returning id)
       insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano, epoch_day,
         status, created_at_ms, expires_at_ms, settled_at_ms)
-      select ${reservation.id}, held.id, cast(${apiKeyId} as text), ${reservation.requestId},
-        cast(${reservation.modelId} as text), ${amount}, 0, cast(${reservation.epochDay} as integer), 'held',
-        cast(${at} as bigint), cast(${reservation.expiresAtMs} as bigint), null
-      from held
-      returning id`.execute(db);
-    return rows.length === 1 ? reservation : undefined;
+      select ${reservation.id}, ${guarded ? sql`(select id from held)` : sql`held.id`}, cast(${apiKeyId} as text),
+        ${reservation.requestId}, cast(${reservation.modelId} as text), ${amount}, 0,
+        cast(${reservation.epochDay} as integer), 'held', cast(${at} as bigint),
+        cast(${reservation.expiresAtMs} as bigint), null
+      from ${guarded ? sql`(select 1) as one` : sql`held`}
+      returning id`;
+    if (!guarded) {
+      const { rows } = await hold.execute(db);
+      return rows.length === 1 ? reservation : undefined;
+    }
+    const lock = sql`select 1 from accounts where id = ${reservation.accountId} for update`;
+    try {
+      await sql.raw(`${withLiterals(lock.compile(db))};\n${withLiterals(hold.compile(db))}`).execute(db);
+    } catch (error) {
+      // Something refused after something else wrote (see above), or a CHECK refused a write.
+      if (undoneByConstraint(error)) return undefined;
+      throw error;
+    }
+    return reservation;
   }
 
   /**
@@ -846,9 +901,8 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         order by e.ord
         returning id, seq, balance_after_nano`.execute(q));
     } catch (error) {
-      // 23502: the claim failed after the update (see above); 23514: a CHECK of the account refused it.
-      const code = (error as { code?: unknown } | null)?.code;
-      if (code === '23502' || code === '23514') throw new NotAtOnce();
+      // The claim failed after the update (see above), or a CHECK of the account refused it.
+      if (undoneByConstraint(error)) throw new NotAtOnce();
       throw error;
     }
     if (written.length === 0) throw new NotAtOnce();
@@ -1015,7 +1069,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
    */
   async function reserveIn<T>(
     input: ReserveInput,
-    within?: (trx: Transaction<Tables>) => Promise<T>,
+    within?: ReserveWithin<T>,
   ): Promise<ReserveResult & { within: T | undefined }> {
     assertAmount('amountNano', input.amountNano);
     if (!Number.isSafeInteger(input.ttlMs) || input.ttlMs <= 0) {
@@ -1025,9 +1079,9 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     const at = now();
     const epochDay = epochDayOf(at);
     const apiKeyId = input.apiKeyId ?? null;
-    if (dialect === 'postgres' && !within) {
-      const reservation = await reserveAtOnce(input, apiKeyId, at);
-      if (reservation) return { reservation, within: undefined };
+    if (dialect === 'postgres' && (!within || within.embedded)) {
+      const reservation = await reserveAtOnce(input, apiKeyId, at, within?.embedded?.writes);
+      if (reservation) return { reservation, within: within?.embedded?.result };
     }
     return database.transaction(async (trx) => {
       // One statement: the account row, locked, with the limits of the key (when one is charged).
@@ -1436,10 +1490,12 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
      * its hold cost one round trip: `within` runs once the account row is locked (serialised with every other
      * writer of the account, on any number of processes) and before the hold is decided; what it throws
      * refuses the reservation and rolls back whatever it wrote. Same checks, errors and result as `reserve`.
+     * On PostgreSQL, with `within.embedded`, a reservation of free USD and those writes are one round trip
+     * (reserveAtOnce); only when that round trip refuses does the transaction run (and `within` with it).
      */
     async reserveWith<T>(
       input: ReserveInput,
-      within: (trx: Transaction<Tables>) => Promise<T>,
+      within: ReserveWithin<T>,
     ): Promise<ReserveResult & { within: T }> {
       return (await reserveIn(input, within)) as ReserveResult & { within: T };
     },

@@ -242,10 +242,11 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
 
     /**
      * `hit` as a write embedded in another repository's statement (PostgreSQL; see EmbeddedWrite): counted
-     * when the guard has its row, with the same condition as `hit`; undefined on SQLite and when `hit` would
-     * write nothing.
-     * What it does not give back is whether it was allowed: for counts that need no answer (tokens after the
-     * work is done).
+     * when the guard has its row, with the same condition as `hit`, returning a row when counted; undefined on
+     * SQLite and when `hit` would write nothing.
+     * What it does not give back are the figures of a refusal (`X-RateLimit-*`): for counts that need no answer
+     * (tokens after the work is done) or whose refusal the caller works out by running `hit` (see
+     * LedgerRepository.reserveWith).
      */
     hitAlong(input: HitInput): EmbeddedWrite | undefined {
       // SQLite's writes cannot be CTEs, nor do its statements cost round trips: callers run `hit`.
@@ -255,7 +256,8 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       return (guard) => sql`insert into rate_limit_counters (bucket, window_start_ms, used)
         select cast(${input.bucket} as text), cast(${start} as bigint), cast(${cost} as bigint) from ${guard}
         on conflict (bucket, window_start_ms) do update set used = rate_limit_counters.used + excluded.used
-        where rate_limit_counters.used + excluded.used <= cast(${limit} as bigint)`;
+        where rate_limit_counters.used + excluded.used <= cast(${limit} as bigint)
+        returning used`;
     },
 
     /**

@@ -16,6 +16,7 @@ import { InvalidInputError } from './errors.ts';
 import {
   compiledOnce,
   DAY_MS,
+  type EmbeddedWrite,
   type RepositoryOptions,
   resolveOptions,
   type StatementRunner,
@@ -55,6 +56,12 @@ function credits(field: string, value: number): number {
     throw new InvalidInputError(field, `${field} must be a non-negative integer`);
   }
   return value;
+}
+
+/** The bucket of `at` and the oldest bucket of the rolling 24 hours ending with it. */
+function windowAt(at: number): { bucketMs: number; oldest: number } {
+  const bucketMs = Math.floor(at / MINUTE_MS) * MINUTE_MS;
+  return { bucketMs, oldest: bucketMs - DAY_MS + MINUTE_MS };
 }
 
 export function createRpcCredits(database: Database, options: RepositoryOptions = {}) {
@@ -130,9 +137,7 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
     async takeIn(trx: StatementRunner, input: CreditTakeInput): Promise<CreditTakeResult> {
       const amount = credits('credits', input.credits);
       const limit = credits('limit', input.limit);
-      const at = input.now ?? now();
-      const bucketMs = Math.floor(at / MINUTE_MS) * MINUTE_MS;
-      const oldest = bucketMs - DAY_MS + MINUTE_MS;
+      const { bucketMs, oldest } = windowAt(input.now ?? now());
       if (amount > 0 && amount <= limit) {
         const added = await addUsageIfRoom(
           trx,
@@ -161,6 +166,29 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
     },
 
     /**
+     * `takeIn` as a write embedded in the reservation's statement (PostgreSQL; see EmbeddedWrite), with the
+     * bucket it takes from: the bucket's upsert when the window's sum leaves room, returning a row when taken.
+     * Sound only where that statement runs after the subject's lock is taken, in a statement of its own (its
+     * snapshot then holds every take that held the lock before: LedgerRepository.reserveWith). Undefined on
+     * SQLite and for what is not the common take (nothing to take, or more than the limit): `takeIn` decides.
+     */
+    takeAlong(input: CreditTakeInput): { write: EmbeddedWrite; bucketMs: number } | undefined {
+      if (database.dialect !== 'postgres') return undefined;
+      const amount = credits('credits', input.credits);
+      const limit = credits('limit', input.limit);
+      if (amount === 0 || amount > limit) return undefined;
+      const { bucketMs, oldest } = windowAt(input.now ?? now());
+      const write: EmbeddedWrite = (guard) => sql`insert into rpc_credit_usage (subject, bucket_ms, credits)
+        select cast(${input.subject} as text), cast(${bucketMs} as bigint), cast(${amount} as bigint)
+        from ${guard}
+        where (select coalesce(sum(credits), 0) from rpc_credit_usage
+          where subject = ${input.subject} and bucket_ms >= cast(${oldest} as bigint)) <= cast(${limit - amount} as bigint)
+        on conflict (subject, bucket_ms) do update set credits = rpc_credit_usage.credits + excluded.credits
+        returning credits`;
+      return { write, bucketMs };
+    },
+
+    /**
      * Returns credits taken but not spent (the worst case was more than the real cost): one atomic update, on
      * its own or in the caller's transaction `runner`.
      */
@@ -172,7 +200,7 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
 
     /** The subject's credits in the current rolling 24 hours. */
     async used(subject: string, at: number = now()): Promise<number> {
-      const oldest = Math.floor(at / MINUTE_MS) * MINUTE_MS - DAY_MS + MINUTE_MS;
+      const { oldest } = windowAt(at);
       const row = await db
         .selectFrom('rpc_credit_usage')
         .select(sql<string | number | bigint>`coalesce(sum(credits), 0)`.as('used'))

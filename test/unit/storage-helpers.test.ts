@@ -20,6 +20,7 @@ import {
   timeOrderedIds,
   toBigInt,
   toNumber,
+  withLiterals,
 } from '../../server/storage/internal.ts';
 import { migrate, storageMigrations } from '../../server/storage/migrations.ts';
 
@@ -271,5 +272,23 @@ describe('compiledOnce', () => {
     } finally {
       await database.close();
     }
+  });
+});
+
+describe('withLiterals', () => {
+  const compiled = (text: string, parameters: unknown[]) =>
+    ({ sql: text, parameters, query: undefined }) as unknown as Parameters<typeof withLiterals>[0];
+
+  test('behavior: text, integers and null written in as literals, each placeholder once', () => {
+    expect(
+      withLiterals(compiled('select $1, $2, $3, $4, $10', ["it's", 5n, -7, null, 'x', 0, 0, 0, 0, '$1 \\'])),
+    ).toBe("select 'it''s', 5, -7, null,  E'$1 \\\\'");
+  });
+
+  test('fault: a value that is not text, an integer or null is refused, as is a placeholder without a value', () => {
+    for (const value of [1.5, true, new Date(0), undefined, Number.MAX_SAFE_INTEGER + 1]) {
+      expect(() => withLiterals(compiled('select $1', [value]))).toThrow(/text, integers and null/);
+    }
+    expect(() => withLiterals(compiled('select $2', ['a']))).toThrow();
   });
 });

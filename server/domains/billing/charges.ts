@@ -2,7 +2,6 @@
  * How every paid operation spends money: reserve the worst case before any work, capture what was really
  * used, release the rest. Storage refusals become the interface's 402 bodies here, once, for every domain.
  */
-import type { Transaction } from 'kysely';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
 import { InsufficientBalanceError, KeySpendLimitError } from '../../storage/errors.ts';
@@ -12,8 +11,8 @@ import type {
   CaptureWithin,
   LedgerRepository,
   Reservation,
+  ReserveWithin,
 } from '../../storage/ledger.ts';
-import type { Tables } from '../../storage/schema.ts';
 
 export type ChargesDeps = {
   ledger: LedgerRepository;
@@ -97,7 +96,7 @@ export function createCharges(deps: ChargesDeps) {
     async reserveWith<T>(
       principal: Principal,
       input: HoldInput,
-      within: (trx: Transaction<Tables>) => Promise<T>,
+      within: ReserveWithin<T>,
     ): Promise<{ reservation: Reservation; within: T }> {
       try {
         return await deps.ledger.reserveWith(reserveInput(principal, input), within);

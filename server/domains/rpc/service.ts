@@ -13,6 +13,7 @@ import { randomHex } from '../../http/random-hex.ts';
 import { formatUsdFixed } from '../../money.ts';
 import { type RpcUpstream, UpstreamError } from '../../providers/rpc/port.ts';
 import { hashRequestBody, type IdempotencyScope, type IdempotencyStore } from '../../storage/idempotency.ts';
+import type { ReserveWithin } from '../../storage/ledger.ts';
 import type { RateLimitsRepository } from '../../storage/rate-limits.ts';
 import type { RpcCreditsRepository } from '../../storage/rpc-credits.ts';
 import type { Tables } from '../../storage/schema.ts';
@@ -75,20 +76,16 @@ export function createRpcService(deps: RpcServiceDeps) {
    * refused later in it is not counted), or throws the 429 with the `X-RateLimit-*` headers.
    */
   async function admitMinute(principal: Principal, trx: Transaction<Tables>): Promise<void> {
-    const staff = limits.staffAccounts.has(principal.accountId);
-    const limit = staff ? limits.staffRequestsPerMinute : limits.requestsPerMinute;
     const at = now();
-    const hit = await deps.rateLimits.hit(
-      { bucket: `rpc:${principal.accountId}:RPM`, windowMs: MINUTE_MS, limit, now: at },
-      trx,
-    );
+    const hit = await deps.rateLimits.hit(minuteHit(principal, at), trx);
     if (hit.allowed) return;
+    const staff = limits.staffAccounts.has(principal.accountId);
     const retryAfter = Math.max(1, Math.ceil((hit.resetAtMs - at) / 1000));
     throw new ApiError(429, 'Rate limit exceeded', {
       body: {
         error: 'Rate limit exceeded',
         code: 'RPC_RATE_LIMIT_EXCEEDED',
-        customMessage: `Request rate cap exceeded: ${formatCount(limit)} requests per minute on the ${
+        customMessage: `Request rate cap exceeded: ${formatCount(hit.limit)} requests per minute on the ${
           staff ? 'staff' : 'standard'
         } tier. Retry after the window resets in ${retryAfter} s.`,
       },
@@ -99,6 +96,35 @@ export function createRpcService(deps: RpcServiceDeps) {
         'Retry-After': String(retryAfter),
       },
     });
+  }
+
+  /** The count of a request in its caller's minute. */
+  function minuteHit(principal: Principal, at: number) {
+    const limit = limits.staffAccounts.has(principal.accountId)
+      ? limits.staffRequestsPerMinute
+      : limits.requestsPerMinute;
+    return { bucket: `rpc:${principal.accountId}:RPM`, windowMs: MINUTE_MS, limit, now: at };
+  }
+
+  /**
+   * What admits a call under the account's lock, before its hold: the count in the caller's minute, then the
+   * worst case taken from the rolling 24-hour credit cap (the bucket it went to is the result). On PostgreSQL
+   * also as the two writes of the reservation's one round trip (ReserveWithin.embedded) when both can be.
+   */
+  function admission(principal: Principal, plan: RpcPlan): ReserveWithin<number> {
+    const take = { subject: principal.accountId, credits: plan.worstCase, limit: limits.creditsPerDay };
+    const within = async (trx: Transaction<Tables>) => {
+      await admitMinute(principal, trx);
+      const taken = await deps.credits.takeIn(trx, take);
+      if (!taken.allowed) throw creditCapError(taken.nextReleaseAtMs);
+      return taken.bucketMs;
+    };
+    const at = now();
+    const minute = deps.rateLimits.hitAlong(minuteHit(principal, at));
+    const credits = minute && deps.credits.takeAlong({ ...take, now: at });
+    return credits && minute
+      ? Object.assign(within, { embedded: { writes: [minute, credits.write], result: credits.bucketMs } })
+      : within;
   }
 
   function creditCapError(nextReleaseAtMs: number | undefined): ApiError {
@@ -170,16 +196,7 @@ export function createRpcService(deps: RpcServiceDeps) {
     const { reservation, within: bucketMs } = await deps.charges.reserveWith(
       principal,
       { amountNano: worstNano, requestId, modelId: network.slug },
-      async (trx) => {
-        await admitMinute(principal, trx);
-        const taken = await deps.credits.takeIn(trx, {
-          subject,
-          credits: plan.worstCase,
-          limit: limits.creditsPerDay,
-        });
-        if (!taken.allowed) throw creditCapError(taken.nextReleaseAtMs);
-        return taken.bucketMs;
-      },
+      admission(principal, plan),
     );
     let held = true;
     try {
