@@ -9,7 +9,6 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { sql } from 'kysely';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { type AccountsRepository, createAccounts } from '../../server/storage/accounts.ts';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
@@ -18,7 +17,7 @@ import { createLedger, type LedgerRepository, type ReserveWithin } from '../../s
 import { migrate } from '../../server/storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from '../../server/storage/rate-limits.ts';
 import { createRpcCredits, type RpcCreditsRepository } from '../../server/storage/rpc-credits.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { holdAccountLock, type StartedPostgres, startPostgres } from '../support/postgres.ts';
 
 const USD = 1_000_000_000n;
 const T0 = Date.UTC(2026, 0, 15, 12, 0, 30);
@@ -400,25 +399,13 @@ describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
     'behavior: a round trip waiting for the account lock sees the take of the writer it waited for',
     async () => {
       const account = await fundedAccount(USD);
-      let finish = () => {};
-      const gate = new Promise<void>((resolve) => {
-        finish = resolve;
-      });
-      let locked = () => {};
-      const lockTaken = new Promise<void>((resolve) => {
-        locked = resolve;
-      });
-      const writer = (other as Database).transaction(async (trx) => {
-        await sql`select id from accounts where id = ${account.id} for update`.execute(trx);
-        await createRpcCredits(other as Database, clock).takeIn(trx, {
+      const writer = await holdAccountLock(other as Database, account.id, (trx) =>
+        createRpcCredits(other as Database, clock).takeIn(trx, {
           subject: account.id,
           credits: 60,
           limit: 100,
-        });
-        locked();
-        await gate;
-      });
-      await lockTaken;
+        }),
+      );
       const waiting = ledger
         .reserveWith(
           reserveInput(account.id, 10n, 'behind'),
@@ -428,15 +415,8 @@ describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
           () => 'reserved',
           (error: unknown) => error,
         );
-      for (let tries = 0; ; tries++) {
-        const { rows } = await sql<{ n: number }>`select count(*)::int as n from pg_stat_activity
-          where datname = current_database() and wait_event_type = 'Lock'`.execute(database.db);
-        if (rows[0]?.n) break;
-        if (tries > 500) throw new Error('the reservation never waited for the account lock');
-        await new Promise((resolve) => setTimeout(resolve, 10));
-      }
-      finish();
-      await writer;
+      await writer.waitForWaiter();
+      await writer.release();
       expect(String(await waiting)).toContain('capped');
       const after = await snapshot(account.id);
       expect([after.credits, after.minute, after.reservations]).toEqual([60, 0, []]);

