@@ -1,9 +1,9 @@
 /**
  * The JSON-RPC proxy: checks and prices every item of a call, replays or claims its idempotency key, then in
- * one transaction counts it under the per-minute cap, takes the worst case from the rolling 24-hour credit cap
- * and reserves it on the ledger,
- * forwards the bytes to the network's nodes (with failover), then charges what the answer really cost and
- * returns the node's bytes unchanged. Everything that does not depend on the request is prepared at start.
+ * one transaction (on PostgreSQL one round trip, see admission) counts it under the per-minute cap, takes the
+ * worst case from the rolling 24-hour credit cap and reserves it on the ledger, forwards the bytes to the
+ * network's nodes (with failover), then charges what the answer really cost and returns the node's bytes
+ * unchanged. Everything that does not depend on the request is prepared at start.
  */
 import type { Transaction } from 'kysely';
 import type { components } from '../../../generated/api.d.ts';
@@ -178,7 +178,8 @@ export function createRpcService(deps: RpcServiceDeps) {
 
   /**
    * The billed call, in two transactions around the upstream call: the per-minute cap, the credit cap and the
-   * reservation in one (under the account's lock), the capture and the unspent credits' return in the other.
+   * reservation in one (under the account's lock; `admission`), the capture and the unspent credits' return
+   * in the other.
    * Undoes its holds when it fails.
    */
   async function forward(
