@@ -231,6 +231,17 @@ async function main(): Promise<Report> {
       child: onSqlite,
     },
     {
+      id: 'rpcPostgres',
+      label: 'RPC proxy -> anvil, PostgreSQL',
+      target: {
+        url: `${api(onPostgres)}/crypto/rpc/base-mainnet`,
+        method: 'POST',
+        headers: json(postgresKey),
+        body: rpcBody,
+      },
+      child: onPostgres,
+    },
+    {
       id: 'rpcDirect',
       label: 'anvil directly (eth_blockNumber)',
       target: { url: anvil.url, method: 'POST', headers: json(), body: rpcBody },
