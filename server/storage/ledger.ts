@@ -235,6 +235,32 @@ type NewEntry = Required<Insertable<LedgerEntriesTable>>;
 class NotAtOnce extends Error {}
 
 /**
+ * The parts of reserveAtOnce's statement that differ with the caller's writes. Without them the reservation
+ * selects from the hold: no hold, no row, nothing written.
+ */
+const UNGUARDED = { ctes: sql``, guard: sql``, account: sql`held.id`, source: sql`held` };
+
+/**
+ * With them: the writes as CTEs, each guarded by the one before (the first by a one-row start), the hold by
+ * the last, and the reservation always one row whose account comes from the hold (see reserveAtOnce).
+ */
+function guardedBy(writes: EmbeddedWrite[]): typeof UNGUARDED {
+  let ctes = sql``;
+  let last = sql`(select 1) as go`;
+  for (const [i, write] of writes.entries()) {
+    const name = sql.raw(`admitted_${i}`);
+    ctes = sql`${ctes}${name} as (${write(last)}), `;
+    last = name;
+  }
+  return {
+    ctes,
+    guard: sql` and exists (select 1 from ${last})`,
+    account: sql`(select id from held)`,
+    source: sql`(select 1) as one`,
+  };
+}
+
+/**
  * PostgreSQL undid a one-round-trip write because a constraint refused it: 23502 (NOT NULL: a guarded step
  * found nothing after an earlier one wrote) or 23514 (a CHECK of the account).
  */
@@ -788,31 +814,21 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         ? sql`true`
         : sql`exists (select 1 from api_keys where id = ${apiKeyId} and account_id = ${reservation.accountId}
             and limit_usd_nano is null and limit_diem_nano is null)`;
-    const guarded = writes?.length
-      ? writes.reduce(
-          (chain, write, i) => ({
-            ctes: sql`${chain.ctes}admitted_${sql.raw(String(i))} as (${write(chain.last)}), `,
-            last: sql`admitted_${sql.raw(String(i))}`,
-          }),
-          { ctes: sql``, last: sql`(select 1) as go` },
-        )
-      : undefined;
-    const hold = sql`with ${guarded ? guarded.ctes : sql``}held as (
+    const shape = writes?.length ? guardedBy(writes) : UNGUARDED;
+    const hold = sql`with ${shape.ctes}held as (
         update accounts set usd_reserved_nano = usd_reserved_nano + ${amount}
         where id = ${reservation.accountId} and diem_stake_nano = 0
-          and usd_balance_nano - usd_reserved_nano >= ${amount} and ${keyWithoutLimits}${
-            guarded ? sql` and exists (select 1 from ${guarded.last})` : sql``
-          }
+          and usd_balance_nano - usd_reserved_nano >= ${amount} and ${keyWithoutLimits}${shape.guard}
         returning id)
       insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano, epoch_day,
         status, created_at_ms, expires_at_ms, settled_at_ms)
-      select ${reservation.id}, ${guarded ? sql`(select id from held)` : sql`held.id`}, cast(${apiKeyId} as text),
+      select ${reservation.id}, ${shape.account}, cast(${apiKeyId} as text),
         ${reservation.requestId}, cast(${reservation.modelId} as text), ${amount}, 0,
         cast(${reservation.epochDay} as integer), 'held', cast(${at} as bigint),
         cast(${reservation.expiresAtMs} as bigint), null
-      from ${guarded ? sql`(select 1) as one` : sql`held`}
+      from ${shape.source}
       returning id`;
-    if (!guarded) {
+    if (shape === UNGUARDED) {
       const { rows } = await hold.execute(db);
       return rows.length === 1 ? reservation : undefined;
     }

@@ -121,10 +121,10 @@ export function createRpcService(deps: RpcServiceDeps) {
     };
     const at = now();
     const minute = deps.rateLimits.hitAlong(minuteHit(principal, at));
-    const credits = minute && deps.credits.takeAlong({ ...take, now: at });
-    return credits && minute
-      ? Object.assign(within, { embedded: { writes: [minute, credits.write], result: credits.bucketMs } })
-      : within;
+    if (!minute) return within;
+    const credits = deps.credits.takeAlong({ ...take, now: at });
+    if (!credits) return within;
+    return Object.assign(within, { embedded: { writes: [minute, credits.write], result: credits.bucketMs } });
   }
 
   function creditCapError(nextReleaseAtMs: number | undefined): ApiError {
