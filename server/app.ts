@@ -53,6 +53,11 @@ export type AppDeps = {
   acquireSlot?(input: { operationId: OperationId; principal: Principal }): Promise<(() => void) | undefined>;
   /** Headers computed once the handler is done, before the reply is written (`X-Balance-Remaining`). */
   replyHeaders?(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders>;
+  /**
+   * Headers of whatever answers an admitted request, its reply or its error, computed once the handler is done
+   * (the balance before the request). Never throws: what cannot be computed is left out.
+   */
+  answerHeaders?(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders>;
 };
 
 /** Names of the x402 payment header; only the top-up operation reads them. */
@@ -61,6 +66,7 @@ const PAYMENT_HEADERS = ['payment-signature', 'x-payment', 'x-402-payment'];
 type Locals = {
   requestId: string;
   log: Logger;
+  /** This request's own object (AuthPorts): per-request state may be keyed by it. */
   principal?: Principal;
   operationId?: OperationId;
   start: bigint;
@@ -300,7 +306,15 @@ export function createApp(deps: AppDeps): express.Express {
     admitted
       .then(async (headers) => {
         for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
-        const reply = await handler(ctx);
+        let reply: Reply<OperationId>;
+        try {
+          reply = await handler(ctx);
+        } finally {
+          if (deps.answerHeaders && principal) {
+            const answer = await deps.answerHeaders({ operationId, principal });
+            for (const [name, value] of Object.entries(answer)) res.setHeader(name, value);
+          }
+        }
         if (deps.replyHeaders && principal) {
           const after = await deps.replyHeaders({ operationId, principal });
           reply.headers = { ...reply.headers, ...after };

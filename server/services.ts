@@ -45,7 +45,7 @@ import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
 import { type CreateDatabaseOptions, createDatabase, type Database } from './storage/database.ts';
 import { createIdempotency, type IdempotencyStore } from './storage/idempotency.ts';
-import { createLedger, type LedgerRepository } from './storage/ledger.ts';
+import { type BalanceBefore, createLedger, type LedgerRepository } from './storage/ledger.ts';
 import { migrate } from './storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from './storage/rate-limits.ts';
 import { createVideoJobs, type VideoJobsRepository } from './storage/video-jobs.ts';
@@ -119,10 +119,16 @@ export async function createServices(
       contract.operations.filter((op) => op.declaresPaymentRequired).map((op) => op.operationId),
     ),
   });
+  // The balance the first reservation of each request found, by the request's principal (authentication answers
+  // a new principal object for every request, AuthPorts): its `x-service-balance-*` headers without reading it.
+  const balancesBefore = new WeakMap<Principal, BalanceBefore>();
   const charges = createCharges({
     ledger,
     reservationTtlMs: config.reservationTtlMs,
     walletPaymentRequired: wallet.walletPaymentRequired,
+    reserved(principal, before) {
+      if (!balancesBefore.has(principal)) balancesBefore.set(principal, before);
+    },
   });
   let rpc: RpcDomain;
   try {
@@ -261,16 +267,26 @@ export async function createServices(
     contract.operations.filter((op) => op.declaresPaymentRequired).map((op) => op.operationId),
   );
 
-  /** Headers every inference response carries: the balance before the request, and deprecation notices. */
-  async function inferenceHeaders(principal: Principal, model: string | undefined): Promise<ReplyHeaders> {
-    const balance = await ledger.getBalance(principal.accountId);
-    const headers: ReplyHeaders = {
-      'x-service-balance-usd': formatUsdFixed(balance.usdNano, 8),
-      'x-service-balance-diem': formatUsdFixed(balance.diemAllowanceNano - balance.diemUsedTodayNano, 8),
+  /**
+   * The balance before the request, which every inference answer reports: as its reservation found it, or,
+   * when it reserved nothing (it failed before, or costs nothing), read now (nothing was taken meanwhile).
+   */
+  async function balanceHeaders(principal: Principal): Promise<ReplyHeaders> {
+    const before =
+      balancesBefore.get(principal) ??
+      (await ledger.getBalance(principal.accountId).then(
+        (balance) => ({
+          usdNano: balance.usdNano,
+          diemNano: balance.diemAllowanceNano - balance.diemUsedTodayNano,
+        }),
+        // The work is done (or failed for its own reason): a balance that cannot be read is not reported.
+        () => undefined,
+      ));
+    if (!before) return {};
+    return {
+      'x-service-balance-usd': formatUsdFixed(before.usdNano, 8),
+      'x-service-balance-diem': formatUsdFixed(before.diemNano, 8),
     };
-    const resolved = model ? catalog.resolveModel(model) : undefined;
-    if (resolved) Object.assign(headers, catalog.deprecationHeaders(resolved.remappedFrom ?? resolved.model));
-    return headers;
   }
 
   const app: AppDeps = {
@@ -288,12 +304,7 @@ export async function createServices(
       await wallet.admitWallet(operationId, principal);
       const requested = (body as { model?: unknown } | undefined)?.model;
       const model = typeof requested === 'string' ? requested : undefined;
-      const inference = inferenceOperations.has(operationId);
       // The JSON-RPC proxy has its own per-minute and credit caps.
-      // The balance headers are read while the rate limits are counted (a read only: wasted, and harmless,
-      // when a limit refuses): on PostgreSQL the two run on two pooled connections at once.
-      const balance = inference ? inferenceHeaders(principal, model) : undefined;
-      balance?.catch(() => undefined); // awaited below; a refusal must not leave it unhandled
       const limits =
         operationId === 'callCryptoRpc'
           ? {}
@@ -306,8 +317,14 @@ export async function createServices(
                 operationId === 'retrieveVideo' || operationId === 'completeVideo' ? undefined : model,
               )
             ).headers;
-      return balance ? { ...limits, ...(await balance) } : limits;
+      // Inference answers carry the model's deprecation notices.
+      const resolved =
+        model && inferenceOperations.has(operationId) ? catalog.resolveModel(model) : undefined;
+      if (!resolved) return limits;
+      return { ...limits, ...catalog.deprecationHeaders(resolved.remappedFrom ?? resolved.model) };
     },
+    answerHeaders: ({ operationId, principal }) =>
+      inferenceOperations.has(operationId) ? balanceHeaders(principal) : Promise.resolve({}),
   };
 
   return {

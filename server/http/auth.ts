@@ -26,7 +26,11 @@ export type WalletPrincipal = { kind: 'wallet'; accountId: string; walletAddress
 
 export type Principal = ApiKeyPrincipal | WalletPrincipal;
 
-/** The ports authentication needs; implemented over storage (keys) and the wallet domain (SIWX). */
+/**
+ * The ports authentication needs; implemented over storage (keys) and the wallet domain (SIWX). Each call
+ * answers a new principal object, however its lookup is cached: the request's own, so per-request state may be
+ * keyed by it (the balance its reservation found, services.ts).
+ */
 export type AuthPorts = {
   /** The principal for a bearer secret, or undefined when the key is unknown, revoked or expired. */
   authenticateApiKey(secret: string): Promise<ApiKeyPrincipal | undefined>;

@@ -18,6 +18,9 @@ import {
   Kysely,
   type Dialect as KyselyDialect,
   PostgresDialect,
+  type PostgresPool,
+  type PostgresPoolClient,
+  type PostgresQueryResult,
   SqliteDialect,
   type SqliteDialectConfig,
   SqliteDriver,
@@ -182,8 +185,41 @@ function openPostgres(connectionString: string, options: CreateDatabaseOptions):
   pool.on('connect', (client) => {
     client.on('error', () => {});
   });
-  const db = new Kysely<Tables>({ dialect: observed(new PostgresDialect({ pool }), options.onQuery) });
+  const db = new Kysely<Tables>({
+    dialect: observed(new PostgresDialect({ pool: lastResults(pool) }), options.onQuery),
+  });
   return wrap(db, 'postgres');
+}
+
+/**
+ * The pool as Kysely sees it: a script of several statements (sent without parameters, as one simple query)
+ * answers with its last statement's result, as psql shows it. pg answers such a script with one result per
+ * statement, and Kysely, which reads the `rows` of one, would see none.
+ */
+function lastResults(pool: pg.Pool): PostgresPool {
+  const clients = new WeakMap<pg.PoolClient, PostgresPoolClient>();
+  // pg types a query's answer as one result; a script's is an array of them.
+  const last = (result: pg.QueryResult | pg.QueryResult[]) =>
+    (Array.isArray(result) ? result.at(-1) : result) as PostgresQueryResult<unknown>;
+  return {
+    async connect() {
+      const client = await pool.connect();
+      let seen = clients.get(client);
+      if (!seen) {
+        seen = {
+          query: ((text: unknown, parameters?: unknown[]) =>
+            typeof text === 'string'
+              ? client.query(text, parameters).then((result) => last(result))
+              : client.query(text as pg.Submittable)) as PostgresPoolClient['query'],
+          // pg-pool gives the client a new `release` at every checkout: looked up when called.
+          release: () => client.release(),
+        };
+        clients.set(client, seen);
+      }
+      return seen;
+    },
+    end: () => pool.end(),
+  };
 }
 
 function wrap(

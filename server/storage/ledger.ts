@@ -139,7 +139,14 @@ export type ReserveInput = {
   modelId?: string | null;
   ttlMs: number;
 };
-export type ReserveResult = { reservation: Reservation };
+/**
+ * What the account held when a reservation was decided, before its hold: USD credit (reservations included)
+ * and what is left of today's DIEM allowance (the allowance less what was used today; 0 without a stake).
+ * The `x-service-balance-*` headers report it as the balance before the request.
+ */
+export type BalanceBefore = { usdNano: bigint; diemNano: bigint };
+
+export type ReserveResult = { reservation: Reservation; before: BalanceBefore };
 
 export type CaptureItem = {
   sku: string;
@@ -789,7 +796,8 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
    * update's condition on the row as the previous holder left it (READ COMMITTED), so nothing is reserved that
    * is not there. Every request of an account takes this lock: held for the statement alone instead of across
    * the driver's round trips, it no longer bounds an account's requests per second to a few of them per event
-   * loop delay. Undefined when a condition does not hold: nothing was written, and the transaction of
+   * loop delay. It answers with the account's USD credit as the hold found it (the balance before the
+   * request). Undefined when a condition does not hold: nothing was written, and the transaction of
    * `reserveIn` decides (DIEM, spend limits, the errors).
    *
    * With the caller's `writes` (ReserveWithin.embedded), a script of two statements sent as one query (one
@@ -806,7 +814,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     apiKeyId: string | null,
     at: number,
     writes?: EmbeddedWrite[],
-  ): Promise<Reservation | undefined> {
+  ): Promise<ReserveResult | undefined> {
     const reservation = heldReservation(input, apiKeyId, input.amountNano, 0n, at);
     const amount = sql`cast(${reservation.usdNano} as bigint)`;
     const keyWithoutLimits =
@@ -815,32 +823,46 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         : sql`exists (select 1 from api_keys where id = ${apiKeyId} and account_id = ${reservation.accountId}
             and limit_usd_nano is null and limit_diem_nano is null)`;
     const shape = writes?.length ? guardedBy(writes) : UNGUARDED;
-    const hold = sql`with ${shape.ctes}held as (
+    const hold = sql<{ usd_balance_nano: bigint }>`with ${shape.ctes}held as (
         update accounts set usd_reserved_nano = usd_reserved_nano + ${amount}
         where id = ${reservation.accountId} and diem_stake_nano = 0
           and usd_balance_nano - usd_reserved_nano >= ${amount} and ${keyWithoutLimits}${shape.guard}
-        returning id)
-      insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano, epoch_day,
-        status, created_at_ms, expires_at_ms, settled_at_ms)
+        returning id, usd_balance_nano),
+      reserved as (insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano,
+        epoch_day, status, created_at_ms, expires_at_ms, settled_at_ms)
       select ${reservation.id}, ${shape.account}, cast(${apiKeyId} as text),
         ${reservation.requestId}, cast(${reservation.modelId} as text), ${amount}, 0,
         cast(${reservation.epochDay} as integer), 'held', cast(${at} as bigint),
         cast(${reservation.expiresAtMs} as bigint), null
       from ${shape.source}
-      returning id`;
+      returning id)
+      select (select usd_balance_nano from held) as usd_balance_nano from reserved`;
+    // The balance the hold found; without a DIEM stake (a condition of the hold) no allowance is left.
+    const held = (row: { usd_balance_nano: bigint }) => ({
+      reservation,
+      before: { usdNano: row.usd_balance_nano, diemNano: 0n },
+    });
     if (shape === UNGUARDED) {
-      const { rows } = await hold.execute(db);
-      return rows.length === 1 ? reservation : undefined;
+      const [row] = (await hold.execute(db)).rows;
+      return row && held(row);
     }
     const lock = sql`select 1 from accounts where id = ${reservation.accountId} for update`;
+    const script = sql.raw<{ usd_balance_nano: bigint }>(
+      `${withLiterals(lock.compile(db))};\n${withLiterals(hold.compile(db))}`,
+    );
+    let rows: { usd_balance_nano: bigint }[];
     try {
-      await sql.raw(`${withLiterals(lock.compile(db))};\n${withLiterals(hold.compile(db))}`).execute(db);
+      ({ rows } = await script.execute(db));
     } catch (error) {
       // Something refused after something else wrote (see above), or a CHECK refused a write.
       if (undoneByConstraint(error)) return undefined;
       throw error;
     }
-    return reservation;
+    // It reserved (the script inserts its row or fails), so it must not answer "not here": the answer of a
+    // script is its last statement's (database.ts).
+    const [row] = rows;
+    if (!row) throw new StorageError('STORAGE_FAILURE', 'The reservation script answered no row');
+    return held(row);
   }
 
   /**
@@ -1096,8 +1118,8 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     const epochDay = epochDayOf(at);
     const apiKeyId = input.apiKeyId ?? null;
     if (dialect === 'postgres' && (!within || within.embedded)) {
-      const reservation = await reserveAtOnce(input, apiKeyId, at, within?.embedded?.writes);
-      if (reservation) return { reservation, within: within?.embedded?.result };
+      const reserved = await reserveAtOnce(input, apiKeyId, at, within?.embedded?.writes);
+      if (reserved) return { ...reserved, within: within?.embedded?.result };
     }
     return database.transaction(async (trx) => {
       // One statement: the account row, locked, with the limits of the key (when one is charged).
@@ -1165,7 +1187,11 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       );
       if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
       await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
-      return { reservation, within: extra };
+      const before = {
+        usdNano: account.usd_balance_nano,
+        diemNano: account.diem_stake_nano - usage.usedNano,
+      };
+      return { reservation, before, within: extra };
     });
   }
 
@@ -1255,8 +1281,8 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
      * its period (charges plus held reservations) would be passed, NotFoundError for an unknown account or key.
      */
     async reserve(input: ReserveInput): Promise<ReserveResult> {
-      const { reservation } = await reserveIn(input);
-      return { reservation };
+      const { reservation, before } = await reserveIn(input);
+      return { reservation, before };
     },
 
     /**

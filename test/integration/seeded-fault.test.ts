@@ -99,7 +99,10 @@ function nonAtomicLedger(database: Database, real: LedgerRepository): LedgerRepo
         .selectAll()
         .where('request_id', '=', input.requestId)
         .executeTakeFirstOrThrow();
-      return { reservation: await real.getReservation(row.id) };
+      return {
+        reservation: await real.getReservation(row.id),
+        before: { usdNano: account.usd_balance_nano, diemNano: 0n },
+      };
     },
     async capture(reservationId, input) {
       const reservation = await real.getReservation(reservationId);

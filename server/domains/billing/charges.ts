@@ -6,11 +6,13 @@ import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
 import { InsufficientBalanceError, KeySpendLimitError } from '../../storage/errors.ts';
 import type {
+  BalanceBefore,
   CaptureItem,
   CaptureResult,
   CaptureWithin,
   LedgerRepository,
   Reservation,
+  ReserveResult,
   ReserveWithin,
 } from '../../storage/ledger.ts';
 
@@ -24,6 +26,8 @@ export type ChargesDeps = {
     requiredNano: bigint,
     refusal: InsufficientBalanceError,
   ): ApiError;
+  /** Told of every reservation made: the caller it was made for, and the balance the hold found. */
+  reserved?(principal: Principal, before: BalanceBefore): void;
 };
 
 export const INSUFFICIENT_BALANCE_MESSAGE =
@@ -70,12 +74,14 @@ export function createCharges(deps: ChargesDeps) {
   return {
     /** Reserves `amountNano` for the caller, or throws the 402 to answer with. */
     async reserve(principal: Principal, input: HoldInput): Promise<Reservation> {
+      let reserved: ReserveResult;
       try {
-        const { reservation } = await deps.ledger.reserve(reserveInput(principal, input));
-        return reservation;
+        reserved = await deps.ledger.reserve(reserveInput(principal, input));
       } catch (error) {
         throw refusal(principal, input.amountNano, error);
       }
+      deps.reserved?.(principal, reserved.before);
+      return reserved.reservation;
     },
 
     /** Charges what was used (never more than reserved) and releases the rest. */
@@ -98,11 +104,14 @@ export function createCharges(deps: ChargesDeps) {
       input: HoldInput,
       within: ReserveWithin<T>,
     ): Promise<{ reservation: Reservation; within: T }> {
+      let reserved: ReserveResult & { within: T };
       try {
-        return await deps.ledger.reserveWith(reserveInput(principal, input), within);
+        reserved = await deps.ledger.reserveWith(reserveInput(principal, input), within);
       } catch (error) {
         throw refusal(principal, input.amountNano, error);
       }
+      deps.reserved?.(principal, reserved.before);
+      return reserved;
     },
 
     /** `capture` with the caller's own statements in the same transaction (LedgerRepository.captureWith). */

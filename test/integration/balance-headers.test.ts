@@ -1,0 +1,191 @@
+/**
+ * `x-service-balance-usd` and `x-service-balance-diem`: the balance before the request, on every inference
+ * answer. A request that reserves reports what its reservation found under the account's lock (no statement of
+ * its own reads it); one that reserves nothing reads it when its handler is done. On SQLite and PostgreSQL.
+ */
+
+import { mkdtempSync, rmSync } from 'node:fs';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pino } from 'pino';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createApp } from '../../server/app.ts';
+import { loadConfig } from '../../server/config.ts';
+import type { Principal } from '../../server/http/auth.ts';
+import { formatUsdFixed, parseUsdToNano } from '../../server/money.ts';
+import { createServices, type Services } from '../../server/services.ts';
+import { type StartedAnvil, startAnvil } from '../support/anvil.ts';
+import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+
+let anvil: StartedAnvil;
+let postgres: StartedPostgres;
+const scratch = mkdtempSync(join(tmpdir(), 'balance-headers-'));
+
+beforeAll(async () => {
+  [anvil, postgres] = await Promise.all([startAnvil(), startPostgres()]);
+}, 120_000);
+
+afterAll(async () => {
+  await Promise.all([anvil?.stop(), postgres?.stop()]);
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+const engines = [
+  { name: 'SQLite', url: async () => `sqlite:${join(scratch, 'db.sqlite')}` },
+  { name: 'PostgreSQL', url: () => postgres.createDatabase('balance_headers') },
+];
+
+describe.each(engines)('balance headers on $name', ({ url }) => {
+  let services: Services;
+  let base: string;
+  let close: () => Promise<void>;
+  /** The principal of every `getBillingBalance` request, as its handler saw it. */
+  const principals: Principal[] = [];
+
+  beforeAll(async () => {
+    const config = loadConfig({
+      NODE_ENV: 'test',
+      LOG_LEVEL: 'silent',
+      DATABASE_URL: await url(),
+      VIDEO_WORKER_ENABLED: 'false',
+      RPC_UPSTREAM_BASE_MAINNET: anvil.url,
+    });
+    services = await createServices(config, pino({ level: 'silent' }));
+    const balanceHandler = services.app.handlers.getBillingBalance;
+    const server = createApp({
+      ...services.app,
+      handlers: {
+        ...services.app.handlers,
+        getBillingBalance: (ctx) => {
+          if (ctx.principal) principals.push(ctx.principal);
+          return balanceHandler(ctx);
+        },
+      },
+    }).listen(0, '127.0.0.1');
+    await new Promise<void>((resolve) => server.once('listening', () => resolve()));
+    base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`;
+    close = async () => {
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await services.close();
+    };
+  }, 60_000);
+
+  afterAll(async () => {
+    await close?.();
+  });
+
+  async function fundedKey(usd: string, diemStake = 0n) {
+    const account = await services.accounts.createApiAccount({});
+    if (usd !== '0') await services.ledger.topUp({ accountId: account.id, amountNano: parseUsdToNano(usd) });
+    if (diemStake > 0n) await services.accounts.setDiemStake(account.id, diemStake);
+    const { secret } = await services.keys.create({ accountId: account.id, keyType: 'ADMIN' });
+    return { accountId: account.id, secret };
+  }
+
+  const post = (secret: string, path: string, body: unknown) =>
+    fetch(`${base}${path}`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${secret}`, 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    });
+  const chat = (secret: string) =>
+    post(secret, '/chat/completions', {
+      model: 'llama-3.3-70b',
+      messages: [{ role: 'user', content: 'Hi' }],
+      max_tokens: 8,
+    });
+  const rpc = (secret: string, method = 'eth_blockNumber') =>
+    post(secret, '/crypto/rpc/base-mainnet', { jsonrpc: '2.0', id: 1, method, params: [] });
+
+  /** The headers a request reports when the account's balance is `balance` before it. */
+  async function expected(accountId: string) {
+    const balance = await services.ledger.getBalance(accountId);
+    return {
+      usd: formatUsdFixed(balance.usdNano, 8),
+      diem: formatUsdFixed(balance.diemAllowanceNano - balance.diemUsedTodayNano, 8),
+    };
+  }
+  const reported = (response: Response) => ({
+    usd: response.headers.get('x-service-balance-usd'),
+    diem: response.headers.get('x-service-balance-diem'),
+  });
+
+  test('each request reports the balance before it: a chat, then a JSON-RPC call', async () => {
+    const { accountId, secret } = await fundedKey('5');
+    const start = await expected(accountId);
+    const first = await chat(secret);
+    expect(first.status).toBe(200);
+    expect(reported(first)).toEqual(start);
+    expect(start.usd).toBe('5.00000000');
+
+    const between = await expected(accountId);
+    expect(between.usd).not.toBe(start.usd); // the chat was charged
+    const second = await rpc(secret);
+    expect(second.status).toBe(200);
+    expect(reported(second)).toEqual(between);
+    expect((await expected(accountId)).usd).not.toBe(between.usd);
+  });
+
+  test('with a DIEM stake: what is left of the day’s allowance, then the USD untouched', async () => {
+    const { accountId, secret } = await fundedKey('5', parseUsdToNano('3'));
+    const first = await chat(secret);
+    expect(first.status).toBe(200);
+    expect(reported(first)).toEqual({ usd: '5.00000000', diem: '3.00000000' });
+    const after = await expected(accountId);
+    expect(after.usd).toBe('5.00000000'); // drawn from DIEM first
+    expect(after.diem).not.toBe('3.00000000');
+    const second = await chat(secret);
+    expect(reported(second)).toEqual(after);
+  });
+
+  test('a request that reserves nothing reports the balance too: refused before its reservation, or by it', async () => {
+    const { accountId, secret } = await fundedKey('0');
+    const now = await expected(accountId);
+    const refused = await rpc(secret, 'eth_sendTransaction');
+    expect(refused.status).toBe(400);
+    expect(reported(refused)).toEqual(now);
+    const broke = await chat(secret);
+    expect(broke.status).toBe(402);
+    expect(reported(broke)).toEqual(now);
+    expect(await expected(accountId)).toEqual(now);
+  });
+
+  test('concurrent requests with one key: each reports a balance the account had, none another’s', async () => {
+    const { accountId, secret } = await fundedKey('5');
+    const start = await services.ledger.getBalance(accountId);
+    const answers = await Promise.all(Array.from({ length: 8 }, () => chat(secret)));
+    expect(answers.map((a) => a.status)).toEqual(Array(8).fill(200));
+    // Each reports the balance before it: the start less some of the others' charges, never its own.
+    // A request's charge is one entry per item (the prompt's and the completion's tokens).
+    const charges = new Map<string, bigint>();
+    for (const entry of await services.ledger.listEntries(accountId)) {
+      if (entry.type !== 'CHARGE' || !entry.requestId) continue;
+      charges.set(entry.requestId, (charges.get(entry.requestId) ?? 0n) - entry.amountNano);
+    }
+    expect(charges.size).toBe(8);
+    for (const answer of answers) {
+      const ray = answer.headers.get('cf-ray') ?? '';
+      expect(charges.has(ray)).toBe(true);
+      const others = [...charges].filter(([requestId]) => requestId !== ray).map(([, charge]) => charge);
+      const balances = new Set<bigint>([start.usdNano]);
+      for (const charge of others) for (const b of [...balances]) balances.add(b - charge);
+      const usd = parseUsdToNano(answer.headers.get('x-service-balance-usd') ?? '');
+      expect(balances.has(usd), `${usd} is not a balance the account had before ${ray}`).toBe(true);
+    }
+  });
+
+  test('every request has its own principal object, however the key lookup is cached', async () => {
+    const { secret } = await fundedKey('1');
+    const get = () =>
+      fetch(`${base}/billing/balance`, { headers: { authorization: `Bearer ${secret}` } }).then(
+        (r) => r.status,
+      );
+    principals.length = 0;
+    expect([await get(), await get()]).toEqual([200, 200]);
+    const [a, b] = principals;
+    expect(a).toEqual(b);
+    expect(a).not.toBe(b);
+  });
+});
