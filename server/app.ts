@@ -26,8 +26,8 @@ import { limitJsonDepth } from './http/json-depth.ts';
 import { pathBelowBase, rememberRouteMatches, sequence, underBasePath } from './http/pipeline.ts';
 import { randomHex } from './http/random-hex.ts';
 import { memoizeRouteRegexps } from './http/route-regexps.ts';
-import { memoizeValidatorRequestWork } from './http/validator-memo.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
+import { memoizeValidatorRequestWork } from './http/validator-memo.ts';
 import type { Metrics } from './observability/metrics.ts';
 import { mountOperationsSurface } from './observability/surface.ts';
 
