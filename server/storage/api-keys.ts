@@ -2,7 +2,7 @@
  * API keys. The secret is shown once, at creation; the database keeps only its SHA-256 (hex) and its last six
  * characters. Revoking is a soft delete: the row stays for the ledger and the key never authenticates again.
  */
-import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { hash, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Selectable, Updateable } from 'kysely';
 import type { Database } from './database.ts';
 import { InvalidInputError, type LimitPeriod, NotFoundError } from './errors.ts';
@@ -78,9 +78,12 @@ export function generateSecret(keyType: ApiKeyType): string {
   return PREFIX[keyType] + out;
 }
 
-/** SHA-256 of the secret, lowercase hex: the only form in which a secret is stored. */
+/**
+ * SHA-256 of the secret (UTF-8), lowercase hex: the only form in which a secret is stored. Worked out for every
+ * authenticated request (the key cache is keyed by it): the one-shot `hash`, without a Hash object.
+ */
 export function hashSecret(secret: string): string {
-  return createHash('sha256').update(secret, 'utf8').digest('hex');
+  return hash('sha256', secret, 'hex');
 }
 
 export function toApiKey(row: Selectable<ApiKeysTable>): ApiKeyRecord {

@@ -103,9 +103,13 @@ describe('generateSecret', () => {
     expect(new Set(secrets.join('').replace(/^svc_inference_/gm, '')).size).toBeGreaterThanOrEqual(62);
   });
 
-  test('behavior: hashSecret is the lowercase hex SHA-256', () => {
+  test('behavior: hashSecret is the lowercase hex SHA-256 of the UTF-8 text', () => {
+    expect(hashSecret('abc')).toBe('ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad');
     expect(hashSecret('abc')).toBe(createHash('sha256').update('abc').digest('hex'));
-    expect(hashSecret('abc')).toMatch(/^[0-9a-f]{64}$/);
+    // A bearer token is whatever the client sent: non-ASCII text is hashed as its UTF-8 bytes.
+    expect(hashSecret('clé-€-😀')).toBe(
+      createHash('sha256').update(Buffer.from('clé-€-😀', 'utf8')).digest('hex'),
+    );
   });
 });
 
