@@ -3,7 +3,7 @@
 # valgrind (callgrind) over `count` sequential requests of bench/inproc.ts, start-up and warm-up not counted.
 # Unlike time, an instruction count does not move with the machine's load: two commits can be compared on a
 # busy machine. Slow (a few minutes: the measured requests run about 50 times slower); needs valgrind.
-# BENCH_NODE_FLAGS: flags for node (--no-concurrent-recompilation: runs agree within 0.1%, optimisation
+# BENCH_NODE_FLAGS: flags for node (--no-concurrent-recompilation: most runs agree within 0.3%, optimisation
 # counted); BENCH_WARMUP: warm-up requests of inproc.ts (300); BENCH_KEEP: see below.
 set -euo pipefail
 target=${1:-chat}
