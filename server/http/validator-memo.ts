@@ -10,8 +10,9 @@
  *   or cookies (chat, the JSON-RPC proxy and most POST operations) and a URL without a query string, none of
  *   that can change anything: such requests skip it. Everything else goes through the original unchanged.
  *
- * Like `route-regexps.ts`, this patches the modules the validator itself loads. Idempotent; `patched()` says
- * whether both hooks are in place (a unit test fails should a release of the validator move them).
+ * Like `route-regexps.ts`, this patches the modules the validator itself loads. Idempotent;
+ * `validatorRequestWorkMemoized()` says whether both hooks are in place (a unit test fails should a release of
+ * the validator move them).
  */
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
