@@ -45,7 +45,7 @@ import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
 import { type CreateDatabaseOptions, createDatabase, type Database } from './storage/database.ts';
 import { createIdempotency, type IdempotencyStore } from './storage/idempotency.ts';
-import { type BalanceBefore, createLedger, type LedgerRepository } from './storage/ledger.ts';
+import { type BalanceBefore, balanceBefore, createLedger, type LedgerRepository } from './storage/ledger.ts';
 import { migrate } from './storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from './storage/rate-limits.ts';
 import { createVideoJobs, type VideoJobsRepository } from './storage/video-jobs.ts';
@@ -275,10 +275,7 @@ export async function createServices(
     const before =
       balancesBefore.get(principal) ??
       (await ledger.getBalance(principal.accountId).then(
-        (balance) => ({
-          usdNano: balance.usdNano,
-          diemNano: balance.diemAllowanceNano - balance.diemUsedTodayNano,
-        }),
+        balanceBefore,
         // The work is done (or failed for its own reason): a balance that cannot be read is not reported.
         () => undefined,
       ));

@@ -276,6 +276,11 @@ function undoneByConstraint(error: unknown): boolean {
   return code === '23502' || code === '23514';
 }
 
+/** The part of a balance the `x-service-balance-*` headers report (BalanceBefore). */
+export function balanceBefore(balance: Balance): BalanceBefore {
+  return { usdNano: balance.usdNano, diemNano: balance.diemAllowanceNano - balance.diemUsedTodayNano };
+}
+
 export function toReservation(row: Selectable<ReservationsTable>): Reservation {
   return {
     id: row.id,
@@ -1187,11 +1192,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       );
       if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
       await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
-      const before = {
-        usdNano: account.usd_balance_nano,
-        diemNano: account.diem_stake_nano - usage.usedNano,
-      };
-      return { reservation, before, within: extra };
+      return { reservation, before: balanceBefore(balance), within: extra };
     });
   }
 

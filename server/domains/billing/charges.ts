@@ -71,17 +71,26 @@ export function createCharges(deps: ChargesDeps) {
     ttlMs: deps.reservationTtlMs,
   });
 
+  /** A reservation being made for the caller: its refusal as the 402 to answer with, its balance told. */
+  async function held<R extends ReserveResult>(
+    principal: Principal,
+    input: HoldInput,
+    reserving: Promise<R>,
+  ) {
+    let reserved: R;
+    try {
+      reserved = await reserving;
+    } catch (error) {
+      throw refusal(principal, input.amountNano, error);
+    }
+    deps.reserved?.(principal, reserved.before);
+    return reserved;
+  }
+
   return {
     /** Reserves `amountNano` for the caller, or throws the 402 to answer with. */
     async reserve(principal: Principal, input: HoldInput): Promise<Reservation> {
-      let reserved: ReserveResult;
-      try {
-        reserved = await deps.ledger.reserve(reserveInput(principal, input));
-      } catch (error) {
-        throw refusal(principal, input.amountNano, error);
-      }
-      deps.reserved?.(principal, reserved.before);
-      return reserved.reservation;
+      return (await held(principal, input, deps.ledger.reserve(reserveInput(principal, input)))).reservation;
     },
 
     /** Charges what was used (never more than reserved) and releases the rest. */
@@ -104,14 +113,7 @@ export function createCharges(deps: ChargesDeps) {
       input: HoldInput,
       within: ReserveWithin<T>,
     ): Promise<{ reservation: Reservation; within: T }> {
-      let reserved: ReserveResult & { within: T };
-      try {
-        reserved = await deps.ledger.reserveWith(reserveInput(principal, input), within);
-      } catch (error) {
-        throw refusal(principal, input.amountNano, error);
-      }
-      deps.reserved?.(principal, reserved.before);
-      return reserved;
+      return held(principal, input, deps.ledger.reserveWith(reserveInput(principal, input), within));
     },
 
     /** `capture` with the caller's own statements in the same transaction (LedgerRepository.captureWith). */
