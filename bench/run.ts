@@ -132,8 +132,10 @@ async function main(): Promise<Report> {
   const sqliteUrl = `sqlite:${join(scratch, 'bench.db')}`;
   const postgresUrl = await postgres.createDatabase('bench');
   const floorFile = join(scratch, 'floor.db');
-  const [sqliteKey, postgresKey, streamsKey, floorKey] = [
+  const [sqliteKey, budgetKey, postgresKey, streamsKey, floorKey] = [
     await fundedKey(sqliteUrl),
+    // A spend limit of a million USD a day: checked on every request, never reached.
+    await fundedKey(sqliteUrl, 10n ** 15n),
     await fundedKey(postgresUrl),
     await fundedKey(streamsUrl),
     await fundedKey(`sqlite:${floorFile}`),
@@ -193,6 +195,17 @@ async function main(): Promise<Report> {
         url: `${api(onSqlite)}/chat/completions`,
         method: 'POST',
         headers: json(sqliteKey),
+        body: chatBody('llama-3.3-70b', false, 16),
+      },
+      child: onSqlite,
+    },
+    {
+      id: 'chatBudget',
+      label: 'chat, local engine, API key with a daily spend limit, SQLite',
+      target: {
+        url: `${api(onSqlite)}/chat/completions`,
+        method: 'POST',
+        headers: json(budgetKey),
         body: chatBody('llama-3.3-70b', false, 16),
       },
       child: onSqlite,

@@ -52,14 +52,19 @@ export function catalogOverride(upstreamOrigin: string): string {
   });
 }
 
-/** A funded account with an INFERENCE key, written through the storage API before the server starts. */
-export async function fundedKey(databaseUrl: string): Promise<string> {
+/**
+ * A funded account with an INFERENCE key, written through the storage API before the server starts; with
+ * `limitUsdNano`, the key has that spend limit per UTC day (EPOCH).
+ */
+export async function fundedKey(databaseUrl: string, limitUsdNano?: bigint): Promise<string> {
   const database = await createDatabase(databaseUrl);
   try {
     await migrate(database);
     const account = await createAccounts(database).createApiAccount({});
     await createLedger(database).topUp({ accountId: account.id, amountNano: parseUsdToNano('100000000') });
-    return (await createApiKeys(database).create({ accountId: account.id, keyType: 'INFERENCE' })).secret;
+    const limits = limitUsdNano === undefined ? {} : { limitUsdNano, limitPeriod: 'EPOCH' as const };
+    return (await createApiKeys(database).create({ accountId: account.id, keyType: 'INFERENCE', ...limits }))
+      .secret;
   } finally {
     await database.close();
   }

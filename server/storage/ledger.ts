@@ -19,7 +19,9 @@
  * described above.
  *
  * Invariants: `usd_balance_nano` equals the sum of the account's USD entries; `usd_reserved_nano` equals the
- * sum of its held reservations' USD parts and never exceeds the balance; nothing overspends.
+ * sum of its held reservations' USD parts and never exceeds the balance; nothing overspends. Each row of
+ * `api_key_spend_days` equals the sum of its key's CHARGE and REFUND entries of that UTC day and currency,
+ * written in their transaction (or their statement): a key's spend limit reads those rows, not the entries.
  */
 import type { Insertable, Kysely, Selectable, Transaction } from 'kysely';
 import { sql } from 'kysely';
@@ -524,24 +526,41 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     };
   }
 
-  /** Net spend of a key since a time (charges minus refunds), optionally plus its held reservations. */
+  /**
+   * Net spend of a key since a time (charges minus refunds), optionally plus its held reservations. The whole
+   * UTC days come from api_key_spend_days (a row per day and currency); only a time inside a day (the trailing
+   * seven days of a key's listing) also sums the ledger's entries of that one partial day. The periods of the
+   * spend limits start at midnight UTC: the check reads no entry.
+   */
   async function keySpendOn(
     q: Executor,
     apiKeyId: string,
     sinceMs: number,
     includeHeld: boolean,
   ): Promise<KeySpend> {
-    const rows = await q
-      .selectFrom('ledger_entries')
-      .select((eb) => ['currency', eb.fn.sum<string | bigint | null>('amount_nano').as('total')])
+    const fromDay = Math.ceil(sinceMs / DAY_MS);
+    const rows: Array<{ currency: Currency; total: string | bigint | null }> = await q
+      .selectFrom('api_key_spend_days')
+      .select((eb) => ['currency', eb.fn.sum<string | bigint | null>('net_nano').as('total')])
       .where('api_key_id', '=', apiKeyId)
-      .where('type', 'in', ['CHARGE', 'REFUND'])
-      .where('created_at_ms', '>=', sinceMs)
+      .where('epoch_day', '>=', fromDay)
       .groupBy('currency')
       .execute();
+    if (fromDay * DAY_MS > sinceMs) {
+      const partial = await q
+        .selectFrom('ledger_entries')
+        .select((eb) => ['currency', eb.fn.sum<string | bigint | null>('amount_nano').as('total')])
+        .where('api_key_id', '=', apiKeyId)
+        .where('type', 'in', ['CHARGE', 'REFUND'])
+        .where('created_at_ms', '>=', sinceMs)
+        .where('created_at_ms', '<', fromDay * DAY_MS)
+        .groupBy('currency')
+        .execute();
+      rows.push(...partial);
+    }
     // A refund of a charge from an earlier period must not raise this period's budget, hence the floor at 0.
     const spent = (currency: Currency) =>
-      maxBig(0n, -toBigInt(rows.find((r) => r.currency === currency)?.total ?? null));
+      maxBig(0n, -rows.reduce((sum, r) => (r.currency === currency ? sum + toBigInt(r.total) : sum), 0n));
     let usdNano = spent('USD');
     let diemNano = spent('DIEM');
     if (includeHeld) {
@@ -594,7 +613,56 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     // One statement for all of them: both engines number the rows of a multi-row VALUES in list order, so
     // `seq` follows the order the entries were computed in; sorted by `seq` since RETURNING order is not
     // promised. Each entry is what was written plus the `seq` it was given.
-    return writtenEntries(entries, await insertEntryRows(trx, entries));
+    const written = writtenEntries(entries, await insertEntryRows(trx, entries));
+    await addKeySpend(trx, entries);
+    return written;
+  }
+
+  /**
+   * The key spend a write of entries makes (api_key_spend_days): per key, UTC day of the entry and currency,
+   * the sum of its CHARGE and REFUND amounts. Empty for entries of no key, and for top-ups.
+   */
+  function keySpendOf(entries: ReadonlyArray<NewEntry>): Array<[key: string, day: number, Currency, bigint]> {
+    const sums: Array<[key: string, day: number, Currency, bigint]> = [];
+    for (const entry of entries) {
+      if (entry.api_key_id === null || entry.type === 'TOP_UP') continue;
+      const day = epochDayOf(toNumber(entry.created_at_ms));
+      const same = sums.find(([key, d, c]) => key === entry.api_key_id && d === day && c === entry.currency);
+      if (same) same[3] += entry.amount_nano;
+      else sums.push([entry.api_key_id, day, entry.currency, entry.amount_nano]);
+    }
+    return sums;
+  }
+
+  /** Adds the key spend of `entries` to api_key_spend_days: one statement, compiled once per row count. */
+  const spendUpserts = new Map<number, (runner: Executor, ...values: unknown[]) => Promise<unknown[]>>();
+  async function addKeySpend(trx: Transaction<Tables>, entries: ReadonlyArray<NewEntry>): Promise<void> {
+    const sums = keySpendOf(entries);
+    if (sums.length === 0) return;
+    let upsert = spendUpserts.get(sums.length);
+    if (!upsert) {
+      upsert = compiledOnce((...values: unknown[]) =>
+        db
+          .insertInto('api_key_spend_days')
+          .values(
+            sums.map((_, row) => ({
+              api_key_id: values[4 * row] as string,
+              epoch_day: values[4 * row + 1] as number,
+              currency: values[4 * row + 2] as Currency,
+              net_nano: values[4 * row + 3] as bigint,
+            })),
+          )
+          .onConflict((oc) =>
+            oc
+              .columns(['api_key_id', 'epoch_day', 'currency'])
+              .doUpdateSet((eb) => ({
+                net_nano: eb('api_key_spend_days.net_nano', '+', eb.ref('excluded.net_nano')),
+              })),
+          ),
+      ) as (runner: Executor, ...values: unknown[]) => Promise<unknown[]>;
+      if (spendUpserts.size < 16) spendUpserts.set(sums.length, upsert);
+    }
+    await upsert(trx, ...sums.flat());
   }
 
   /**
@@ -912,6 +980,9 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
           cast(${e.units} as text), cast(${e.unit_price_nano} as text), cast(${e.details} as text))`,
       ),
     );
+    // The key's spend of the day (api_key_spend_days), made with the claim: the entries are of one key, one
+    // day and one currency, so one row or none (no key).
+    const [spend] = keySpendOf(entries);
     let written: Array<{ id: string; seq: bigint | number; balance_after_nano: bigint }>;
     try {
       ({ rows: written } = await sql<(typeof written)[number]>`with settled as (
@@ -927,6 +998,15 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
             and usd_nano = cast(${reservation.usdNano} as bigint) and diem_nano = 0
             and epoch_day = cast(${reservation.epochDay} as integer) and exists (select 1 from settled)
           returning account_id)${
+            spend
+              ? sql`,
+        spent as (insert into api_key_spend_days (api_key_id, epoch_day, currency, net_nano)
+          select cast(${spend[0]} as text), cast(${spend[1]} as integer), ${spend[2]}, cast(${spend[3]} as bigint)
+          from claimed
+          on conflict (api_key_id, epoch_day, currency)
+          do update set net_nano = api_key_spend_days.net_nano + excluded.net_nano)`
+              : sql``
+          }${
             alongside
               ? sql`,
         alongside as (${alongside(sql`claimed`)})`

@@ -346,6 +346,34 @@ function hotPathIndexes(): Migration {
   };
 }
 
+/**
+ * A key's net spend per UTC day and currency (`api_key_spend_days`), filled from the ledger as it stands: a
+ * spend limit was checked by summing the key's CHARGE and REFUND entries of the whole period, inside the
+ * reservation's write transaction, so a key with a limit got slower with every request it made (19 ms per
+ * reservation after 40,000 entries in a day, on SQLite, with every other writer waiting). The ledger writes
+ * keep it from now on, in the transaction of the entries (ledger.ts).
+ */
+function keySpendDays(): Migration {
+  return {
+    async up(db: Kysely<unknown>) {
+      await db.schema
+        .createTable('api_key_spend_days')
+        .addColumn('api_key_id', 'text', (c) => c.notNull().references('api_keys.id'))
+        .addColumn('epoch_day', 'integer', (c) => c.notNull())
+        .addColumn('currency', 'text', (c) => c.notNull().check(inList('currency', ['USD', 'DIEM'])))
+        .addColumn('net_nano', 'bigint', (c) => c.notNull())
+        .addPrimaryKeyConstraint('api_key_spend_days_pk', ['api_key_id', 'epoch_day', 'currency'])
+        .execute();
+      // Integer division on both engines (BIGINT by BIGINT): the UTC day of each entry.
+      await sql`insert into api_key_spend_days (api_key_id, epoch_day, currency, net_nano)
+        select api_key_id, cast(created_at_ms / 86400000 as integer), currency, sum(amount_nano)
+        from ledger_entries
+        where api_key_id is not null and type in ('CHARGE', 'REFUND')
+        group by api_key_id, cast(created_at_ms / 86400000 as integer), currency`.execute(db);
+    },
+  };
+}
+
 /** Every migration, by name; names sort in the order they run. */
 export function storageMigrations(dialect: Dialect): Record<string, Migration> {
   return {
@@ -355,6 +383,7 @@ export function storageMigrations(dialect: Dialect): Record<string, Migration> {
     '0004_rpc': rpc(),
     '0008_video': video(dialect),
     '0017_hot_path_indexes': hotPathIndexes(),
+    '0018_key_spend_days': keySpendDays(),
   };
 }
 

@@ -32,6 +32,19 @@ export interface DiemUsageTable {
   reserved_nano: Nano;
 }
 
+/**
+ * A key's net spend per UTC day and currency (migration 0018_key_spend_days): the sum of the `amount_nano` of
+ * its CHARGE and REFUND entries created that day (charges negative, as in the ledger), kept in the
+ * transaction that writes them, so that a spend limit is checked against a few rows instead of a period of
+ * entries.
+ */
+export interface ApiKeySpendDaysTable {
+  api_key_id: string;
+  epoch_day: Int;
+  currency: 'USD' | 'DIEM';
+  net_nano: Nano;
+}
+
 export interface ApiKeysTable {
   id: string;
   account_id: string;
@@ -170,6 +183,7 @@ export interface Tables {
   accounts: AccountsTable;
   diem_usage: DiemUsageTable;
   api_keys: ApiKeysTable;
+  api_key_spend_days: ApiKeySpendDaysTable;
   reservations: ReservationsTable;
   ledger_entries: LedgerEntriesTable;
   rate_limit_counters: RateLimitCountersTable;

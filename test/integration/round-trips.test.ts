@@ -108,21 +108,22 @@ const capture = (tx: string[]) => tx.some(captures);
 // Statements inside a transaction, `begin` and `commit` not counted. SQLite (in-process: a statement is no round
 // trip): a reservation locks the account (with the key's spend limits), inserts the reservation, raises the
 // reserved amount; a chat's capture, knowing the reservation's figures, settles the account (the update locks
-// it), claims the reservation, inserts the entries (one statement), counts the tokens per minute.
+// it), claims the reservation, inserts the entries (one statement), adds them to the key's spend of the day
+// (api_key_spend_days, which the spend limits read instead of the entries), counts the tokens per minute.
 // PostgreSQL: a reservation of free USD is one statement on its own (no transaction: the account row is locked
 // for that statement only); so is a capture, the chat's token count a write of that statement (a capture with
 // other statements of the caller's runs them with it in a transaction).
 // A JSON-RPC call: before the node is asked, the reservation with the per-minute count and the credit cap's take
 // (one guarded upsert each) under the same account lock (PostgreSQL: one round trip, the script of the lock
 // and one statement); after, the capture knowing the reservation's figures (SQLite: settle the account, claim
-// the reservation, insert the entry; PostgreSQL: one statement, alone).
+// the reservation, insert the entry, add it to the key's spend of the day; PostgreSQL: one statement, alone).
 // Neither reads the balance for its `x-service-balance-*` headers: the reservation found it.
 const engines = [
   {
     name: 'SQLite',
     url: () => `sqlite:${join(scratch, 'db.sqlite')}`,
-    chat: { total: 12, commits: 2, reserve: [3], capture: [4], alone: 0 },
-    rpc: { total: 12, commits: 2, reserve: [5], capture: [3], alone: 0 },
+    chat: { total: 13, commits: 2, reserve: [3], capture: [5], alone: 0 },
+    rpc: { total: 13, commits: 2, reserve: [5], capture: [4], alone: 0 },
   },
   {
     name: 'PostgreSQL',

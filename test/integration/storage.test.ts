@@ -196,6 +196,35 @@ describe.each(engines)('storage on %s', (engine, open) => {
     expect(account.usd_reserved_nano).toBe(BigInt(held.total ?? 0));
     expect(account.usd_balance_nano >= account.usd_reserved_nano).toBe(true);
     expect(account.usd_reserved_nano >= 0n).toBe(true);
+    expect(await keySpendDays(accountId)).toEqual(await keySpendFromEntries(accountId));
+  }
+
+  /** The account's keys' rows of api_key_spend_days, as `key day currency amount` lines. */
+  async function keySpendDays(accountId: string, db = database.db): Promise<string[]> {
+    const rows = await db
+      .selectFrom('api_key_spend_days')
+      .innerJoin('api_keys', 'api_keys.id', 'api_key_spend_days.api_key_id')
+      .select(['api_key_spend_days.api_key_id', 'epoch_day', 'currency', 'net_nano'])
+      .where('api_keys.account_id', '=', accountId)
+      .execute();
+    return rows.map((r) => `${r.api_key_id} ${r.epoch_day} ${r.currency} ${r.net_nano}`).sort();
+  }
+
+  /** The same figures summed from the ledger's entries (the reference): per key, UTC day and currency. */
+  async function keySpendFromEntries(accountId: string, db = database.db): Promise<string[]> {
+    const entries = await db
+      .selectFrom('ledger_entries')
+      .select(['api_key_id', 'currency', 'amount_nano', 'created_at_ms'])
+      .where('account_id', '=', accountId)
+      .where('api_key_id', 'is not', null)
+      .where('type', 'in', ['CHARGE', 'REFUND'])
+      .execute();
+    const sums = new Map<string, bigint>();
+    for (const e of entries) {
+      const day = `${e.api_key_id} ${Math.floor(Number(e.created_at_ms) / DAY)} ${e.currency}`;
+      sums.set(day, (sums.get(day) ?? 0n) + e.amount_nano);
+    }
+    return [...sums].map(([day, sum]) => `${day} ${sum}`).sort();
   }
 
   describe('migrate', () => {
@@ -278,10 +307,73 @@ describe.each(engines)('storage on %s', (engine, open) => {
           ttlMs: 1,
         });
         await oldLedger.capture(captured.reservation.id, { items: [{ sku: 's', amountNano: 4n }] });
-        expect(await migrate(upgraded)).toEqual({ applied: ['0017_hot_path_indexes'] });
+        expect(await migrate(upgraded)).toEqual({
+          applied: ['0017_hot_path_indexes', '0018_key_spend_days'],
+        });
         expect(await createLedger(upgraded, clock).expireReservations(T0 + 1)).toBe(1);
         expect((await oldLedger.getReservation(expiring.reservation.id)).status).toBe('expired');
         expect((await oldLedger.getBalance(account.id)).usdNano).toBe(96n);
+      } finally {
+        await upgraded.close();
+        await fresh.cleanup();
+      }
+    });
+
+    test("behavior: 0018_key_spend_days sums the keys' charges and refunds already in the ledger", async () => {
+      const fresh = await open();
+      const url =
+        engine === 'sqlite'
+          ? fresh.url
+          : await (postgres as StartedPostgres).createDatabase(`spend_${process.pid}`);
+      const upgraded = await createDatabase(url);
+      try {
+        const migrator = new Migrator({
+          db: upgraded.db,
+          provider: { getMigrations: async () => storageMigrations(upgraded.dialect) },
+        });
+        expect((await migrator.migrateTo('0017_hot_path_indexes')).error).toBeUndefined();
+        const account = await createAccounts(upgraded, clock).createApiAccount();
+        const { key } = await createApiKeys(upgraded, clock).create({
+          accountId: account.id,
+          keyType: 'INFERENCE',
+        });
+        // Entries as the ledger of 0017 wrote them (its code is gone: written here directly).
+        const entry = (
+          type: 'CHARGE' | 'REFUND' | 'TOP_UP',
+          currency: 'USD' | 'DIEM',
+          amountNano: bigint,
+          at: number,
+          apiKeyId: string | null = key.id,
+        ) => ({
+          id: randomUUID(),
+          account_id: account.id,
+          api_key_id: apiKeyId,
+          type,
+          currency,
+          amount_nano: amountNano,
+          balance_after_nano: 0n,
+          created_at_ms: at,
+        });
+        await upgraded.db
+          .insertInto('ledger_entries')
+          .values([
+            entry('TOP_UP', 'USD', 100n * USD, T0 - DAY, null),
+            entry('CHARGE', 'USD', -USD, T0),
+            entry('CHARGE', 'DIEM', -USD / 4n, T0),
+            entry('CHARGE', 'USD', -2n * USD, T0 + DAY),
+            entry('REFUND', 'USD', USD / 2n, T0 + DAY + 1),
+            entry('CHARGE', 'USD', -7n * USD, T0, null),
+          ])
+          .execute();
+        expect(await migrate(upgraded)).toEqual({ applied: ['0018_key_spend_days'] });
+        expect(await keySpendDays(account.id, upgraded.db)).toEqual(
+          await keySpendFromEntries(account.id, upgraded.db),
+        );
+        expect(await keySpendDays(account.id, upgraded.db)).toHaveLength(3);
+        expect(await createLedger(upgraded, clock).keySpend(key.id, { sinceMs: 0 })).toEqual({
+          usdNano: 2_500_000_000n,
+          diemNano: USD / 4n,
+        });
       } finally {
         await upgraded.close();
         await fresh.cleanup();
@@ -383,7 +475,9 @@ describe.each(engines)('storage on %s', (engine, open) => {
       });
       const ok = await keys.authenticate(secret);
       expect(ok.ok && ok.key.id).toBe(key.id);
-      expect(await keys.authenticate(`${secret.slice(0, -1)}x`)).toEqual({ ok: false, reason: 'unknown' });
+      // Its last character changed (a random secret ends in `x` one time in 62: then to `y`).
+      const altered = `${secret.slice(0, -1)}${secret.endsWith('x') ? 'y' : 'x'}`;
+      expect(await keys.authenticate(altered)).toEqual({ ok: false, reason: 'unknown' });
       expect(await keys.authenticate('')).toEqual({ ok: false, reason: 'unknown' });
       expect(await keys.authenticate(secret, T0 + DAY - 1)).toMatchObject({ ok: true });
       expect(await keys.authenticate(secret, T0 + DAY)).toEqual({ ok: false, reason: 'expired' });
@@ -984,6 +1078,78 @@ describe.each(engines)('storage on %s', (engine, open) => {
           ttlMs: 1,
         }),
       ).rejects.toBeInstanceOf(NotFoundError);
+    });
+    test("behavior: a key's spend is kept per UTC day with its charges and refunds; a limit set later counts it", async () => {
+      const account = await fundedAccount(100n * USD);
+      const { key } = await keys.create({ accountId: account.id, keyType: 'INFERENCE' });
+      // Every other capture through captureWith: on PostgreSQL that is the one-statement capture.
+      let n = 0;
+      const spend = async (amountNano: bigint) => {
+        const requestId = `spend-${++n}`;
+        const { reservation } = await ledger.reserve({
+          accountId: account.id,
+          apiKeyId: key.id,
+          amountNano,
+          requestId,
+          ttlMs: 60_000,
+        });
+        const items = [{ sku: 'x', amountNano }];
+        if (n % 2) await ledger.capture(reservation.id, { items });
+        else await ledger.captureWith(reservation, { items });
+        return requestId;
+      };
+      const first = await spend(USD);
+      await spend(2n * USD);
+      nowMs = T0 + DAY;
+      await spend(3n * USD);
+      // Refunded the next day: it lowers the day it is booked on, as the entries do.
+      await ledger.refund({ accountId: account.id, requestId: first });
+      await expectConsistent(account.id);
+      expect(await keySpendDays(account.id)).toHaveLength(2);
+
+      const since = async (sinceMs: number) => (await ledger.keySpend(key.id, { sinceMs })).usdNano;
+      expect(await since(0)).toBe(5n * USD);
+      expect(await since(ledger.periodStart('EPOCH', nowMs))).toBe(2n * USD);
+      // A time inside a day (the trailing seven days): that day's entries from then on, then the whole days.
+      expect(await since(T0 - 1)).toBe(5n * USD);
+      expect(await since(T0 + 1)).toBe(2n * USD);
+
+      await keys.update(key.id, { limitUsdNano: 6n * USD, limitPeriod: 'LIFETIME' });
+      const reserve = (amountNano: bigint) =>
+        ledger.reserve({ accountId: account.id, apiKeyId: key.id, amountNano, requestId: 'late', ttlMs: 1 });
+      await expect(reserve(USD + 1n)).rejects.toMatchObject({ period: 'LIFETIME', spentNano: 5n * USD });
+      await expect(reserve(USD)).resolves.toBeTruthy();
+    });
+
+    test("behavior: checking a spend limit reads the key's days of spend, never its ledger entries", async () => {
+      const sent: string[] = [];
+      const watched = await createDatabase(opened.url, { onQuery: (text) => sent.push(text) });
+      try {
+        const account = await fundedAccount(10n * USD);
+        const { key } = await keys.create({
+          accountId: account.id,
+          keyType: 'INFERENCE',
+          limitUsdNano: USD,
+          limitPeriod: 'LIFETIME',
+        });
+        const watchedLedger = createLedger(watched, clock);
+        const reserve = () =>
+          watchedLedger.reserve({
+            accountId: account.id,
+            apiKeyId: key.id,
+            amountNano: USD / 4n,
+            requestId: 'watched',
+            ttlMs: 60_000,
+          });
+        const { reservation } = await reserve();
+        await watchedLedger.capture(reservation.id, { items: [{ sku: 'x', amountNano: USD / 4n }] });
+        sent.length = 0;
+        await reserve();
+        expect(sent.some((text) => text.includes('api_key_spend_days'))).toBe(true);
+        expect(sent.filter((text) => text.includes('ledger_entries'))).toEqual([]);
+      } finally {
+        await watched.close();
+      }
     });
   });
 
