@@ -158,6 +158,7 @@ export async function createServices(
         accountId: result.key.accountId,
         keyId: result.key.id,
         keyType: result.key.keyType,
+        spendLimited: result.key.limitUsdNano !== null || result.key.limitDiemNano !== null,
       };
     },
     verifySignInWithX: wallet.verifySignInWithX,

@@ -20,6 +20,11 @@ export type ApiKeyPrincipal = {
   accountId: string;
   keyId: string;
   keyType: 'INFERENCE' | 'ADMIN';
+  /**
+   * The key had a spend limit when authentication read it (its lookup may be cached): which of the ledger's
+   * one-round-trip reservations to try first on PostgreSQL. Only a hint; the ledger checks the limits itself.
+   */
+  spendLimited?: boolean;
 };
 
 export type WalletPrincipal = { kind: 'wallet'; accountId: string; walletAddress: string };

@@ -13,10 +13,10 @@
  * On PostgreSQL the two operations of every request, a reservation of free USD and the capture of a USD
  * reservation in hand, are one round trip each (reserveAtOnce, captureAtOnce): the lock is taken by the
  * statement's update of the account row and held for that statement, not across round trips between the
- * driver and the server; a reservation with the caller's writes (the JSON-RPC caps) is a script of two
- * statements sent as one query, the lock and then one statement. The rest (DIEM, key spend limits, the
- * caller's statements in any other form, what the one statement could not do) runs in the transaction
- * described above.
+ * driver and the server; a reservation with the caller's writes (the JSON-RPC caps), or for a key with a
+ * spend limit, is a script of two statements sent as one query, the lock and then one statement. The rest
+ * (DIEM, the caller's statements in any other form, what the one statement could not do) runs in the
+ * transaction described above.
  *
  * Invariants: `usd_balance_nano` equals the sum of the account's USD entries; `usd_reserved_nano` equals the
  * sum of its held reservations' USD parts and never exceeds the balance; nothing overspends. Each row of
@@ -140,6 +140,12 @@ export type ReserveInput = {
   requestId: string;
   modelId?: string | null;
   ttlMs: number;
+  /**
+   * The key is believed to have a spend limit (a hint: the limits are checked whatever it says). On
+   * PostgreSQL a reservation of free USD for such a key is one round trip that checks the limit (the script
+   * of reserveAtOnce); without the hint it is tried first as the one statement for keys without limits.
+   */
+  keySpendLimited?: boolean;
 };
 /**
  * What the account held when a reservation was decided, before its hold: USD credit (reservations included)
@@ -653,11 +659,9 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
             })),
           )
           .onConflict((oc) =>
-            oc
-              .columns(['api_key_id', 'epoch_day', 'currency'])
-              .doUpdateSet((eb) => ({
-                net_nano: eb('api_key_spend_days.net_nano', '+', eb.ref('excluded.net_nano')),
-              })),
+            oc.columns(['api_key_id', 'epoch_day', 'currency']).doUpdateSet((eb) => ({
+              net_nano: eb('api_key_spend_days.net_nano', '+', eb.ref('excluded.net_nano')),
+            })),
           ),
       ) as (runner: Executor, ...values: unknown[]) => Promise<unknown[]>;
       if (spendUpserts.size < 16) spendUpserts.set(sums.length, upsert);
@@ -873,6 +877,11 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
    * request). Undefined when a condition does not hold: nothing was written, and the transaction of
    * `reserveIn` decides (DIEM, spend limits, the errors).
    *
+   * For a key believed to have a spend limit (`keySpendLimited`), the hold's condition also checks the USD
+   * limit as `reserveIn` does (the key's spend since its period's first UTC day, from api_key_spend_days, plus
+   * its held reservations, plus this one), in the script below: those rows are written under the account's
+   * lock, so only a statement started after the lock sees them all.
+   *
    * With the caller's `writes` (ReserveWithin.embedded), a script of two statements sent as one query (one
    * implicit transaction): the account row locked, then one statement of the writes, each guarded by the one
    * before, the hold guarded by the last, and the reservation. The lock comes first and alone because a write
@@ -890,16 +899,31 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
   ): Promise<ReserveResult | undefined> {
     const reservation = heldReservation(input, apiKeyId, input.amountNano, 0n, at);
     const amount = sql`cast(${reservation.usdNano} as bigint)`;
-    const keyWithoutLimits =
+    // A key believed to have a spend limit: the limit checked in the statement (no DIEM is drawn, so only the
+    // USD one applies), which must then start after the account's lock (the script): the spend and the held
+    // reservations it sums are written under that lock.
+    const limited = apiKeyId !== null && input.keySpendLimited === true;
+    const periodDay = (period: 'EPOCH' | 'MONTH') =>
+      sql`cast(${epochDayOf(periodStartMs(period, at))} as integer)`;
+    const keyCondition =
       apiKeyId === null
         ? sql`true`
-        : sql`exists (select 1 from api_keys where id = ${apiKeyId} and account_id = ${reservation.accountId}
-            and limit_usd_nano is null and limit_diem_nano is null)`;
+        : limited
+          ? sql`exists (select 1 from api_keys k where k.id = ${apiKeyId} and k.account_id = ${reservation.accountId}
+              and (k.limit_usd_nano is null or ${amount} = 0
+                or greatest(0, -coalesce((select sum(d.net_nano) from api_key_spend_days d
+                    where d.api_key_id = ${apiKeyId} and d.currency = 'USD' and d.epoch_day >= case k.limit_period
+                      when 'EPOCH' then ${periodDay('EPOCH')} when 'MONTH' then ${periodDay('MONTH')} else 0 end), 0))
+                  + coalesce((select sum(r.usd_nano) from reservations r
+                    where r.api_key_id = ${apiKeyId} and r.status = 'held'), 0)
+                  + ${amount} <= k.limit_usd_nano))`
+          : sql`exists (select 1 from api_keys where id = ${apiKeyId} and account_id = ${reservation.accountId}
+              and limit_usd_nano is null and limit_diem_nano is null)`;
     const shape = writes?.length ? guardedBy(writes) : UNGUARDED;
     const hold = sql<{ usd_balance_nano: bigint }>`with ${shape.ctes}held as (
         update accounts set usd_reserved_nano = usd_reserved_nano + ${amount}
         where id = ${reservation.accountId} and diem_stake_nano = 0
-          and usd_balance_nano - usd_reserved_nano >= ${amount} and ${keyWithoutLimits}${shape.guard}
+          and usd_balance_nano - usd_reserved_nano >= ${amount} and ${keyCondition}${shape.guard}
         returning id, usd_balance_nano),
       reserved as (insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano,
         epoch_day, status, created_at_ms, expires_at_ms, settled_at_ms)
@@ -915,7 +939,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       reservation,
       before: { usdNano: row.usd_balance_nano, diemNano: 0n },
     });
-    if (shape === UNGUARDED) {
+    if (shape === UNGUARDED && !limited) {
       const [row] = (await hold.execute(db)).rows;
       return row && held(row);
     }
@@ -931,9 +955,11 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
       if (undoneByConstraint(error)) return undefined;
       throw error;
     }
-    // It reserved (the script inserts its row or fails), so it must not answer "not here": the answer of a
-    // script is its last statement's (database.ts).
+    // With writes it reserved (the script inserts its row or fails), so it must not answer "not here": the
+    // answer of a script is its last statement's (database.ts). Without, the reservation selects from the
+    // hold: no hold, no row, nothing written.
     const [row] = rows;
+    if (!row && shape === UNGUARDED) return undefined;
     if (!row) throw new StorageError('STORAGE_FAILURE', 'The reservation script answered no row');
     return held(row);
   }

@@ -99,7 +99,8 @@ function transactions(statements: string[]): string[][] {
 }
 
 // PostgreSQL, a reservation with the caller's writes: the script of the lock and one statement (reserveAtOnce).
-const script = /^select 1 from accounts where id = '[^']+' for update;\nwith admitted_0 as \(/;
+// So is a reservation for a key with a spend limit (the hold checks the limit, after the lock).
+const script = /^select 1 from accounts where id = '[^']+' for update;\nwith (admitted_0|held) as \(/;
 const reserves = (s: string) => /^(insert into "reservations"|with held as)/.test(s) || script.test(s);
 const captures = (s: string) => /^(insert into "ledger_entries"|with settled as)/.test(s);
 const reservation = (tx: string[]) => tx.some(reserves);
@@ -122,13 +123,22 @@ const engines = [
   {
     name: 'SQLite',
     url: () => `sqlite:${join(scratch, 'db.sqlite')}`,
-    chat: { total: 13, commits: 2, reserve: [3], capture: [5], alone: 0 },
+    // A key with a spend limit: its day of spend and its held reservations read in the reservation.
+    chat: {
+      total: 13,
+      commits: 2,
+      reserve: [3],
+      capture: [5],
+      alone: 0,
+      limitedReserve: [5],
+      limitedTotal: 15,
+    },
     rpc: { total: 13, commits: 2, reserve: [5], capture: [4], alone: 0 },
   },
   {
     name: 'PostgreSQL',
     url: () => postgres.createDatabase('round_trips'),
-    chat: { total: 3, commits: 0, reserve: [], capture: [], alone: 2 },
+    chat: { total: 3, commits: 0, reserve: [], capture: [], alone: 2, limitedReserve: [], limitedTotal: 3 },
     rpc: { total: 2, commits: 0, reserve: [], capture: [], alone: 2 },
   },
 ];
@@ -152,10 +162,10 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
     await server?.close();
   });
 
-  const chat = () =>
+  const chat = (key = server.key) =>
     fetch(`${server.base}/chat/completions`, {
       method: 'POST',
-      headers: { authorization: `Bearer ${server.key}`, 'content-type': 'application/json' },
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
       body: JSON.stringify({
         model: 'llama-3.3-70b',
         messages: [{ role: 'user', content: 'Hi' }],
@@ -201,6 +211,29 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
     }
     expect(statements.filter((s) => s === 'commit')).toHaveLength(chatShape.commits);
     expect(statements.length, statements.join('\n')).toBe(chatShape.total);
+  });
+
+  test('a chat with a key that has a spend limit: checked in the reservation, reading no entry', async () => {
+    const { services } = server;
+    const account = await services.accounts.createApiAccount({});
+    await services.ledger.topUp({ accountId: account.id, amountNano: parseUsdToNano('50') });
+    const { secret } = await services.keys.create({
+      accountId: account.id,
+      keyType: 'INFERENCE',
+      limitUsdNano: parseUsdToNano('40'),
+    });
+    await chat(secret);
+    const statements = await server.during(() => chat(secret));
+    const txs = transactions(statements);
+    expect(txs.filter(reservation).map((tx) => tx.length)).toEqual(chatShape.limitedReserve);
+    // PostgreSQL: the script of the lock and the hold that checks the limit, one round trip as for any key.
+    expect(alone(statements)).toHaveLength(chatShape.alone);
+    const [reserved] = statements.filter(reserves);
+    if (chatShape.alone > 0) expect(reserved).toMatch(script);
+    // The key's spend read by the reservation, added to by the capture.
+    expect(statements.filter((s) => s.includes('api_key_spend_days'))).toHaveLength(2);
+    expect(statements.filter((s) => /from "?ledger_entries/.test(s))).toEqual([]);
+    expect(statements.length, statements.join('\n')).toBe(chatShape.limitedTotal);
   });
 
   test("each chat's tokens are counted in its model's tokens-per-minute window", async () => {

@@ -1133,13 +1133,14 @@ describe.each(engines)('storage on %s', (engine, open) => {
           limitPeriod: 'LIFETIME',
         });
         const watchedLedger = createLedger(watched, clock);
-        const reserve = () =>
+        const reserve = (keySpendLimited = false, amountNano = USD / 4n) =>
           watchedLedger.reserve({
             accountId: account.id,
             apiKeyId: key.id,
-            amountNano: USD / 4n,
+            amountNano,
             requestId: 'watched',
             ttlMs: 60_000,
+            keySpendLimited,
           });
         const { reservation } = await reserve();
         await watchedLedger.capture(reservation.id, { items: [{ sku: 'x', amountNano: USD / 4n }] });
@@ -1147,9 +1148,46 @@ describe.each(engines)('storage on %s', (engine, open) => {
         await reserve();
         expect(sent.some((text) => text.includes('api_key_spend_days'))).toBe(true);
         expect(sent.filter((text) => text.includes('ledger_entries'))).toEqual([]);
+        // Told the key has a limit: on PostgreSQL one round trip (the lock, then the hold checking the limit).
+        sent.length = 0;
+        await reserve(true);
+        if (engine === 'postgres') {
+          expect(sent).toHaveLength(1);
+          expect(sent[0]).toMatch(/for update;\n[\s\S]*api_key_spend_days/);
+        }
+        expect(sent.filter((text) => text.includes('ledger_entries'))).toEqual([]);
+        // Past the limit (0.75 USD spent or held, 0.5 asked): the same typed refusal, by the transaction.
+        await expect(reserve(true, USD / 2n)).rejects.toMatchObject({
+          code: 'KEY_SPEND_LIMIT',
+          spentNano: (3n * USD) / 4n,
+        });
       } finally {
         await watched.close();
       }
+    });
+
+    test('behavior: concurrent reservations on a limited key from two instances stop exactly at its limit', async () => {
+      const account = await fundedAccount(100n * USD);
+      const { key } = await keys.create({ accountId: account.id, keyType: 'INFERENCE', limitUsdNano: USD });
+      const reserve = (i: number, amountNano: bigint, from = ledger) =>
+        from.reserve({
+          accountId: account.id,
+          apiKeyId: key.id,
+          amountNano,
+          requestId: `c-${i}`,
+          ttlMs: 60_000,
+          // Most with the hint (PostgreSQL: the one-round-trip check), some without (the transaction).
+          keySpendLimited: i % 4 !== 3,
+        });
+      const first = await reserve(0, 350_000_000n);
+      await ledger.captureWith(first.reservation, { items: [{ sku: 'x', amountNano: 350_000_000n }] });
+      const { ok, failed } = await settle(
+        Array.from({ length: 20 }, (_, i) => reserve(i + 1, 100_000_000n, i % 2 ? otherLedger : ledger)),
+      );
+      // 0.35 spent + 6 x 0.1 held = 0.95; a seventh would pass 1 USD.
+      expect(ok).toHaveLength(6);
+      expect(failed.every((error) => error instanceof KeySpendLimitError)).toBe(true);
+      await expectConsistent(account.id);
     });
   });
 

@@ -69,6 +69,7 @@ export function createCharges(deps: ChargesDeps) {
     requestId: input.requestId,
     modelId: input.modelId ?? null,
     ttlMs: deps.reservationTtlMs,
+    keySpendLimited: principal.kind === 'apiKey' && principal.spendLimited === true,
   });
 
   /** A reservation being made for the caller: its refusal as the 402 to answer with, its balance told. */
