@@ -278,19 +278,33 @@ describe.each(engines)('storage on %s', (engine, open) => {
       }
     });
 
-    test('behavior: 0017_hot_path_indexes upgrades a database with reservations, which keep working', async () => {
+    /** `check` on a fresh database migrated up to `migration` only (named `name` on PostgreSQL). */
+    async function atMigration(
+      migration: string,
+      name: string,
+      check: (upgraded: Database) => Promise<void>,
+    ) {
       const fresh = await open();
       const url =
         engine === 'sqlite'
           ? fresh.url
-          : await (postgres as StartedPostgres).createDatabase(`up_${process.pid}`);
+          : await (postgres as StartedPostgres).createDatabase(`${name}_${process.pid}`);
       const upgraded = await createDatabase(url);
       try {
         const migrator = new Migrator({
           db: upgraded.db,
           provider: { getMigrations: async () => storageMigrations(upgraded.dialect) },
         });
-        expect((await migrator.migrateTo('0008_video')).error).toBeUndefined();
+        expect((await migrator.migrateTo(migration)).error).toBeUndefined();
+        await check(upgraded);
+      } finally {
+        await upgraded.close();
+        await fresh.cleanup();
+      }
+    }
+
+    test('behavior: 0017_hot_path_indexes upgrades a database with reservations, which keep working', async () => {
+      await atMigration('0008_video', 'up', async (upgraded) => {
         const oldLedger = createLedger(upgraded, clock);
         const account = await createAccounts(upgraded, clock).createApiAccount();
         await oldLedger.topUp({ accountId: account.id, amountNano: 100n });
@@ -313,25 +327,11 @@ describe.each(engines)('storage on %s', (engine, open) => {
         expect(await createLedger(upgraded, clock).expireReservations(T0 + 1)).toBe(1);
         expect((await oldLedger.getReservation(expiring.reservation.id)).status).toBe('expired');
         expect((await oldLedger.getBalance(account.id)).usdNano).toBe(96n);
-      } finally {
-        await upgraded.close();
-        await fresh.cleanup();
-      }
+      });
     });
 
     test("behavior: 0018_key_spend_days sums the keys' charges and refunds already in the ledger", async () => {
-      const fresh = await open();
-      const url =
-        engine === 'sqlite'
-          ? fresh.url
-          : await (postgres as StartedPostgres).createDatabase(`spend_${process.pid}`);
-      const upgraded = await createDatabase(url);
-      try {
-        const migrator = new Migrator({
-          db: upgraded.db,
-          provider: { getMigrations: async () => storageMigrations(upgraded.dialect) },
-        });
-        expect((await migrator.migrateTo('0017_hot_path_indexes')).error).toBeUndefined();
+      await atMigration('0017_hot_path_indexes', 'spend', async (upgraded) => {
         const account = await createAccounts(upgraded, clock).createApiAccount();
         const { key } = await createApiKeys(upgraded, clock).create({
           accountId: account.id,
@@ -374,10 +374,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
           usdNano: 2_500_000_000n,
           diemNano: USD / 4n,
         });
-      } finally {
-        await upgraded.close();
-        await fresh.cleanup();
-      }
+      });
     });
 
     test('behavior: ping answers and the database enforces its constraints', async () => {
