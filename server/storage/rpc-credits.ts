@@ -2,7 +2,9 @@
  * The rolling 24-hour credit count of JSON-RPC callers, shared by every server instance through the database.
  * Credits are counted in one-minute buckets; the window is the 1440 most recent buckets (the current one
  * included). A request takes its worst-case credits up front (`takeIn`), and once the real cost is known,
- * `giveBack` returns the difference to the bucket it was taken from.
+ * `giveBack` returns the difference to the bucket it was taken from. Every bucket's credits are also counted
+ * in its hour (`rpc_credit_hours`, written with the bucket), and the window is read as the buckets before its
+ * first whole hour plus the hours from then on: at most 60 rows and 24, not 1,440 for a caller busy all day.
  *
  * `takeIn` runs inside the caller's transaction and takes no lock of its own: the caller holds one that every
  * take of the subject holds too. The proxy takes the credits inside the transaction of the request's ledger
@@ -24,6 +26,7 @@ import {
 } from './internal.ts';
 
 const MINUTE_MS = 60_000;
+const HOUR_MS = 3_600_000;
 
 export type CreditTakeInput = {
   /** Who is counted (the caller's account). */
@@ -58,25 +61,43 @@ function credits(field: string, value: number): number {
   return value;
 }
 
-/** The bucket of `at` and the oldest bucket of the rolling 24 hours ending with it. */
-function windowAt(at: number): { bucketMs: number; oldest: number } {
+/**
+ * The bucket of `at` and its hour; the oldest bucket of the rolling 24 hours ending with it, and the first
+ * hour wholly inside them (every later hour is: none holds a bucket after `at`'s but a clock ahead's).
+ */
+function windowAt(at: number) {
   const bucketMs = Math.floor(at / MINUTE_MS) * MINUTE_MS;
-  return { bucketMs, oldest: bucketMs - DAY_MS + MINUTE_MS };
+  const oldest = bucketMs - DAY_MS + MINUTE_MS;
+  return {
+    bucketMs,
+    hourMs: Math.floor(bucketMs / HOUR_MS) * HOUR_MS,
+    oldest,
+    wholeHours: Math.ceil(oldest / HOUR_MS) * HOUR_MS,
+  };
+}
+
+/**
+ * The subject's credits in the window: its buckets from `oldest` up to the first whole hour, then its hours.
+ * The values are placed as parameters (compiledOnce stand-ins), cast for PostgreSQL.
+ */
+function windowSum(subject: unknown, oldest: unknown, wholeHours: unknown) {
+  return sql<string | number | bigint>`((select coalesce(sum(credits), 0) from rpc_credit_usage
+      where subject = cast(${subject} as text) and bucket_ms >= cast(${oldest} as bigint)
+        and bucket_ms < cast(${wholeHours} as bigint))
+    + (select coalesce(sum(credits), 0) from rpc_credit_hours
+      where subject = cast(${subject} as text) and hour_ms >= cast(${wholeHours} as bigint)))`;
 }
 
 export function createRpcCredits(database: Database, options: RepositoryOptions = {}) {
   const { db } = database;
   const { now } = resolveOptions(options);
   // The statements of every take and give-back, compiled once (see compiledOnce).
-  const selectUsage = compiledOnce((subject: string, oldest: number) =>
-    db
-      .selectFrom('rpc_credit_usage')
-      .select([
-        sql<string | number | bigint>`coalesce(sum(credits), 0)`.as('used'),
-        sql<string | number | bigint | null>`min(bucket_ms)`.as('first'),
-      ])
-      .where('subject', '=', subject)
-      .where('bucket_ms', '>=', oldest),
+  const selectUsage = compiledOnce((subject: string, oldest: number, wholeHours: number) =>
+    db.selectNoFrom([
+      windowSum(subject, oldest, wholeHours).as('used'),
+      sql<string | number | bigint | null>`(select min(bucket_ms) from rpc_credit_usage
+        where subject = cast(${subject} as text) and bucket_ms >= cast(${oldest} as bigint))`.as('first'),
+    ]),
   );
   const addUsage = compiledOnce((subject: string, bucketMs: number, amount: number) =>
     db
@@ -88,9 +109,19 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
           .doUpdateSet((eb) => ({ credits: eb('rpc_credit_usage.credits', '+', amount) })),
       ),
   );
+  const addHour = compiledOnce((subject: string, hourMs: number, amount: number) =>
+    db
+      .insertInto('rpc_credit_hours')
+      .values({ subject, hour_ms: hourMs, credits: amount })
+      .onConflict((oc) =>
+        oc
+          .columns(['subject', 'hour_ms'])
+          .doUpdateSet((eb) => ({ credits: eb('rpc_credit_hours.credits', '+', amount) })),
+      ),
+  );
   // The common take in one statement: the bucket's upsert, guarded by the window's sum (refused: no row).
   const addUsageIfRoom = compiledOnce(
-    (subject: string, bucketMs: number, amount: number, sameSubject: string, oldest: number, room: number) =>
+    (subject: string, bucketMs: number, amount: number, oldest: number, wholeHours: number, room: number) =>
       db
         .insertInto('rpc_credit_usage')
         .columns(['subject', 'bucket_ms', 'credits'])
@@ -101,17 +132,7 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
               eb.cast<number>(eb.val(bucketMs), 'bigint').as('bucket_ms'),
               eb.cast<number>(eb.val(amount), 'bigint').as('credits'),
             ])
-            .where((eb) =>
-              eb(
-                eb
-                  .selectFrom('rpc_credit_usage')
-                  .select(sql<number>`coalesce(sum(credits), 0)`.as('used'))
-                  .where('subject', '=', sameSubject)
-                  .where('bucket_ms', '>=', oldest),
-                '<=',
-                room,
-              ),
-            ),
+            .where((eb) => eb(windowSum(subject, oldest, wholeHours), '<=', room)),
         )
         .onConflict((oc) =>
           oc.columns(['subject', 'bucket_ms']).doUpdateSet((eb) => ({
@@ -126,6 +147,15 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
       .set((eb) => ({ credits: eb('credits', '-', amount) }))
       .where('subject', '=', subject)
       .where('bucket_ms', '=', bucketMs)
+      .where('credits', '>=', atLeast)
+      .returning('credits'),
+  );
+  const subtractHour = compiledOnce((amount: number, subject: string, hourMs: number, atLeast: number) =>
+    db
+      .updateTable('rpc_credit_hours')
+      .set((eb) => ({ credits: eb('credits', '-', amount) }))
+      .where('subject', '=', subject)
+      .where('hour_ms', '=', hourMs)
       .where('credits', '>=', atLeast),
   );
 
@@ -137,21 +167,24 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
     async takeIn(trx: StatementRunner, input: CreditTakeInput): Promise<CreditTakeResult> {
       const amount = credits('credits', input.credits);
       const limit = credits('limit', input.limit);
-      const { bucketMs, oldest } = windowAt(input.now ?? now());
+      const { bucketMs, hourMs, oldest, wholeHours } = windowAt(input.now ?? now());
       if (amount > 0 && amount <= limit) {
         const added = await addUsageIfRoom(
           trx,
           input.subject,
           bucketMs,
           amount,
-          input.subject,
           oldest,
+          wholeHours,
           limit - amount,
         );
-        if (added.length > 0) return { allowed: true, bucketMs };
+        if (added.length > 0) {
+          await addHour(trx, input.subject, hourMs, amount);
+          return { allowed: true, bucketMs };
+        }
       }
       // Refused (or nothing to take): the figures of the answer.
-      const [row] = await selectUsage(trx, input.subject, oldest);
+      const [row] = await selectUsage(trx, input.subject, oldest, wholeHours);
       const used = toNumber(row?.used ?? 0);
       if (used + amount > limit) {
         const first = row?.first;
@@ -161,57 +194,75 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
           nextReleaseAtMs: first === null || first === undefined ? undefined : toNumber(first) + DAY_MS,
         };
       }
-      if (amount > 0) await addUsage(trx, input.subject, bucketMs, amount);
+      if (amount > 0) {
+        await addUsage(trx, input.subject, bucketMs, amount);
+        await addHour(trx, input.subject, hourMs, amount);
+      }
       return { allowed: true, bucketMs };
     },
 
     /**
-     * `takeIn` as a write embedded in the reservation's statement (PostgreSQL; see EmbeddedWrite), with the
-     * bucket it takes from: the bucket's upsert when the window's sum leaves room, returning a row when taken.
-     * Sound only where that statement runs after the subject's lock is taken, in a statement of its own (its
-     * snapshot then holds every take that held the lock before: LedgerRepository.reserveWith). Undefined on
-     * SQLite and for what is not the common take (nothing to take, or more than the limit): `takeIn` decides.
+     * `takeIn` as writes embedded in the reservation's statement (PostgreSQL; see EmbeddedWrite), with the
+     * bucket it takes from: the bucket's upsert when the window's sum leaves room, returning a row when taken,
+     * then its hour's, guarded by it. Sound only where that statement runs after the subject's lock is taken,
+     * in a statement of its own (its snapshot then holds every take that held the lock before:
+     * LedgerRepository.reserveWith). Undefined on SQLite and for what is not the common take (nothing to take,
+     * or more than the limit): `takeIn` decides.
      */
-    takeAlong(input: CreditTakeInput): { write: EmbeddedWrite; bucketMs: number } | undefined {
+    takeAlong(input: CreditTakeInput): { writes: EmbeddedWrite[]; bucketMs: number } | undefined {
       if (database.dialect !== 'postgres') return undefined;
       const amount = credits('credits', input.credits);
       const limit = credits('limit', input.limit);
       if (amount === 0 || amount > limit) return undefined;
-      const { bucketMs, oldest } = windowAt(input.now ?? now());
-      const write: EmbeddedWrite = (guard) => sql`insert into rpc_credit_usage (subject, bucket_ms, credits)
+      const { bucketMs, hourMs, oldest, wholeHours } = windowAt(input.now ?? now());
+      const bucket: EmbeddedWrite = (guard) => sql`insert into rpc_credit_usage (subject, bucket_ms, credits)
         select cast(${input.subject} as text), cast(${bucketMs} as bigint), cast(${amount} as bigint)
         from ${guard}
-        where (select coalesce(sum(credits), 0) from rpc_credit_usage
-          where subject = ${input.subject} and bucket_ms >= cast(${oldest} as bigint)) <= cast(${limit - amount} as bigint)
+        where ${windowSum(input.subject, oldest, wholeHours)} <= cast(${limit - amount} as bigint)
         on conflict (subject, bucket_ms) do update set credits = rpc_credit_usage.credits + excluded.credits
         returning credits`;
-      return { write, bucketMs };
+      const hour: EmbeddedWrite = (guard) => sql`insert into rpc_credit_hours (subject, hour_ms, credits)
+        select cast(${input.subject} as text), cast(${hourMs} as bigint), cast(${amount} as bigint)
+        from ${guard}
+        on conflict (subject, hour_ms) do update set credits = rpc_credit_hours.credits + excluded.credits
+        returning credits`;
+      return { writes: [bucket, hour], bucketMs };
     },
 
     /**
-     * Returns credits taken but not spent (the worst case was more than the real cost): one atomic update, on
-     * its own or in the caller's transaction `runner`.
+     * Returns credits taken but not spent (the worst case was more than the real cost) to their bucket and its
+     * hour: on their own or in the caller's transaction `runner`.
      */
     async giveBack(input: CreditGiveBackInput, runner: StatementRunner = db): Promise<void> {
       const amount = credits('credits', input.credits);
       if (amount === 0) return;
-      await subtractUsage(runner, amount, input.subject, input.bucketMs, amount);
+      const returned = await subtractUsage(runner, amount, input.subject, input.bucketMs, amount);
+      // Only what the bucket still held (it may have been pruned): the hour holds at least as much.
+      if (returned.length > 0) {
+        await subtractHour(
+          runner,
+          amount,
+          input.subject,
+          Math.floor(input.bucketMs / HOUR_MS) * HOUR_MS,
+          amount,
+        );
+      }
     },
 
     /** The subject's credits in the current rolling 24 hours. */
     async used(subject: string, at: number = now()): Promise<number> {
-      const { oldest } = windowAt(at);
-      const row = await db
-        .selectFrom('rpc_credit_usage')
-        .select(sql<string | number | bigint>`coalesce(sum(credits), 0)`.as('used'))
-        .where('subject', '=', subject)
-        .where('bucket_ms', '>=', oldest)
-        .executeTakeFirst();
+      const { oldest, wholeHours } = windowAt(at);
+      const [row] = await selectUsage(db, subject, oldest, wholeHours);
       return toNumber(row?.used ?? 0);
     },
 
-    /** Deletes buckets that started before `beforeMs`; returns how many. */
+    /** Deletes buckets that started before `beforeMs`, and hours that ended by then; returns how many buckets. */
     async prune(beforeMs: number): Promise<number> {
+      // Neither is read once out of the window: no transaction needed between them.
+      await db
+        .deleteFrom('rpc_credit_hours')
+        .where('hour_ms', '<=', beforeMs - HOUR_MS)
+        .execute();
       const result = await db
         .deleteFrom('rpc_credit_usage')
         .where('bucket_ms', '<', beforeMs)

@@ -141,6 +141,16 @@ export interface RpcCreditUsageTable {
   credits: Int;
 }
 
+/**
+ * The same credits per hour (migration 0019_rpc_credit_hours): each row the sum of the subject's one-minute
+ * buckets of that hour, kept with them, so that the rolling 24 hours are read as at most 60 minutes and 24 hours.
+ */
+export interface RpcCreditHoursTable {
+  subject: string;
+  hour_ms: Int;
+  credits: Int;
+}
+
 /** One row per JSON-RPC caller: the lock that serialises its credit-cap checks (migration 0004_rpc). */
 export interface RpcCreditSubjectsTable {
   subject: string;
@@ -190,6 +200,7 @@ export interface Tables {
   rate_limit_events: RateLimitEventsTable;
   idempotency_records: IdempotencyRecordsTable;
   rpc_credit_usage: RpcCreditUsageTable;
+  rpc_credit_hours: RpcCreditHoursTable;
   rpc_credit_subjects: RpcCreditSubjectsTable;
   video_jobs: VideoJobsTable;
   video_media: VideoMediaTable;

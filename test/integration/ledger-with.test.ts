@@ -21,6 +21,8 @@ import { holdAccountLock, type StartedPostgres, startPostgres } from '../support
 
 const USD = 1_000_000_000n;
 const T0 = Date.UTC(2026, 0, 15, 12, 0, 30);
+const HOUR = 3_600_000;
+const DAY = 24 * HOUR;
 
 let postgres: StartedPostgres | undefined;
 
@@ -139,7 +141,7 @@ describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
     const counted = repositories.limits.hitAlong(minute);
     const taken = repositories.credits.takeAlong(input);
     return counted && taken
-      ? Object.assign(within, { embedded: { writes: [counted, taken.write], result: taken.bucketMs } })
+      ? Object.assign(within, { embedded: { writes: [counted, ...taken.writes], result: taken.bucketMs } })
       : within;
   }
 
@@ -346,8 +348,9 @@ describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
       admission(account.id, { credits: 30, limit: 100 }),
     );
     expect(within).toBe(Date.UTC(2026, 0, 15, 12, 0, 0));
-    // PostgreSQL: the script (the lock, then one statement); SQLite: the transaction, statement by statement.
-    expect(sent.length).toBe(engine === 'postgres' ? 1 : 7);
+    // PostgreSQL: the script (the lock, then one statement); SQLite: the transaction, statement by statement
+    // (begin, the account, the minute, the credits' bucket and its hour, the reservation, the hold, commit).
+    expect(sent.length).toBe(engine === 'postgres' ? 1 : 8);
     expect(await ledger.getReservation(reservation.id)).toEqual(reservation);
     expect(reservation).toMatchObject({
       usdNano: 700n,
@@ -444,5 +447,76 @@ describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
     expect([admitted, refused]).toEqual([7, 17]);
     const after = await snapshot(account.id);
     expect([after.credits, after.minute, after.account?.usd_reserved_nano]).toEqual([49, 7, 70n]);
+    await expectHoursOfBuckets(account.id);
+  });
+
+  /** Each hour of rpc_credit_hours is the sum of the subject's buckets in it: what the window's reads rely on. */
+  async function expectHoursOfBuckets(subject: string) {
+    const { db } = database;
+    const buckets = await db
+      .selectFrom('rpc_credit_usage')
+      .select(['bucket_ms', 'credits'])
+      .where('subject', '=', subject)
+      .execute();
+    const sums = new Map<number, number>();
+    for (const b of buckets) {
+      const hour = Math.floor(Number(b.bucket_ms) / HOUR) * HOUR;
+      sums.set(hour, (sums.get(hour) ?? 0) + Number(b.credits));
+    }
+    const hours = await db
+      .selectFrom('rpc_credit_hours')
+      .select(['hour_ms', 'credits'])
+      .where('subject', '=', subject)
+      .execute();
+    expect(new Map(hours.map((h) => [Number(h.hour_ms), Number(h.credits)]))).toEqual(sums);
+  }
+
+  test('behavior: the rolling 24 hours, read as the buckets before the first whole hour and then hours, are exact', async () => {
+    const subject = `window-${engine}`;
+    const take = (amount: number, limit: number, at: number) =>
+      database.transaction((trx) => credits.takeIn(trx, { subject, credits: amount, limit, now: at }));
+    // A take every 7 minutes for 30 hours (sizes 1 to 13), some given back once their minute has passed.
+    const taken: Array<[bucketMs: number, credits: number]> = [];
+    let at = T0 - 3 * HOUR + 17_000;
+    for (let i = 0; i < 260; i++) {
+      const amount = 1 + ((i * 7) % 13);
+      expect((await take(amount, 1_000_000, at)).allowed).toBe(true);
+      taken.push([Math.floor(at / 60_000) * 60_000, amount]);
+      at += 7 * 60_000;
+    }
+    for (const i of [5, 100, 250]) {
+      const row = taken[i] as [number, number];
+      await credits.giveBack({ subject, bucketMs: row[0], credits: 1 });
+      row[1] -= 1;
+    }
+    await expectHoursOfBuckets(subject);
+    // At every 37th minute and then some, from before the first take to past the last one's day: what the
+    // buckets of the 1,440 minutes from the probe's back (and any after it) add up to.
+    const reference = (probe: number) => {
+      const oldest = Math.floor(probe / 60_000) * 60_000 - DAY + 60_000;
+      return taken.reduce((sum, [bucketMs, amount]) => (bucketMs >= oldest ? sum + amount : sum), 0);
+    };
+    for (let probe = T0 - 4 * HOUR; probe < at + 25 * HOUR; probe += 37 * 60_000 + 13_000) {
+      expect(await credits.used(subject, probe), new Date(probe).toISOString()).toBe(reference(probe));
+    }
+    // The cap at the last take's minute: exactly what is left fits, one credit more does not.
+    const used = reference(at);
+    const first = taken.find(([bucketMs]) => bucketMs >= Math.floor(at / 60_000) * 60_000 - DAY + 60_000);
+    expect(await take(6, used + 5, at)).toEqual({
+      allowed: false,
+      used,
+      nextReleaseAtMs: (first?.[0] ?? 0) + DAY,
+    });
+    expect(await take(5, used + 5, at)).toMatchObject({ allowed: true });
+    taken.push([Math.floor(at / 60_000) * 60_000, 5]);
+    // Pruning what the window no longer reads leaves it as it was.
+    expect(await credits.prune(at - DAY)).toBeGreaterThan(0);
+    expect(await credits.used(subject, at)).toBe(reference(at));
+    const hoursLeft = await database.db
+      .selectFrom('rpc_credit_hours')
+      .select((eb) => eb.fn.min('hour_ms').as('first'))
+      .where('subject', '=', subject)
+      .executeTakeFirst();
+    expect(Number(hoursLeft?.first)).toBeGreaterThan(at - DAY - HOUR);
   });
 });

@@ -115,7 +115,7 @@ const capture = (tx: string[]) => tx.some(captures);
 // for that statement only); so is a capture, the chat's token count a write of that statement (a capture with
 // other statements of the caller's runs them with it in a transaction).
 // A JSON-RPC call: before the node is asked, the reservation with the per-minute count and the credit cap's take
-// (one guarded upsert each) under the same account lock (PostgreSQL: one round trip, the script of the lock
+// (one guarded upsert each, and the take's hour) under the same account lock (PostgreSQL: one round trip, the script of the lock
 // and one statement); after, the capture knowing the reservation's figures (SQLite: settle the account, claim
 // the reservation, insert the entry, add it to the key's spend of the day; PostgreSQL: one statement, alone).
 // Neither reads the balance for its `x-service-balance-*` headers: the reservation found it.
@@ -133,7 +133,7 @@ const engines = [
       limitedReserve: [5],
       limitedTotal: 15,
     },
-    rpc: { total: 13, commits: 2, reserve: [5], capture: [4], alone: 0 },
+    rpc: { total: 14, commits: 2, reserve: [6], capture: [4], alone: 0 },
   },
   {
     name: 'PostgreSQL',
@@ -270,6 +270,11 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
     expect(statements.filter((s) => s.includes('rpc_credit_usage'))).toEqual(
       rpcShape.alone === 0
         ? [expect.stringMatching(/^insert into "rpc_credit_usage"/)]
+        : [statements.find(reserves)],
+    );
+    expect(statements.filter((s) => /insert into "?rpc_credit_hours/.test(s))).toEqual(
+      rpcShape.alone === 0
+        ? [expect.stringMatching(/^insert into "rpc_credit_hours"/)]
         : [statements.find(reserves)],
     );
     expect(statements.filter((s) => s === 'commit')).toHaveLength(rpcShape.commits);

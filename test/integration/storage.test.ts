@@ -27,6 +27,7 @@ import { createIdempotency, hashRequestBody } from '../../server/storage/idempot
 import { createLedger, type LedgerRepository } from '../../server/storage/ledger.ts';
 import { migrate, storageMigrations } from '../../server/storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from '../../server/storage/rate-limits.ts';
+import { createRpcCredits } from '../../server/storage/rpc-credits.ts';
 import { holdAccountLock, type StartedPostgres, startPostgres } from '../support/postgres.ts';
 
 const USD = 1_000_000_000n; // nano-USD per USD
@@ -322,7 +323,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
         });
         await oldLedger.capture(captured.reservation.id, { items: [{ sku: 's', amountNano: 4n }] });
         expect(await migrate(upgraded)).toEqual({
-          applied: ['0017_hot_path_indexes', '0018_key_spend_days'],
+          applied: ['0017_hot_path_indexes', '0018_key_spend_days', '0019_rpc_credit_hours'],
         });
         expect(await createLedger(upgraded, clock).expireReservations(T0 + 1)).toBe(1);
         expect((await oldLedger.getReservation(expiring.reservation.id)).status).toBe('expired');
@@ -365,7 +366,9 @@ describe.each(engines)('storage on %s', (engine, open) => {
             entry('CHARGE', 'USD', -7n * USD, T0, null),
           ])
           .execute();
-        expect(await migrate(upgraded)).toEqual({ applied: ['0018_key_spend_days'] });
+        expect(await migrate(upgraded)).toEqual({
+          applied: ['0018_key_spend_days', '0019_rpc_credit_hours'],
+        });
         expect(await keySpendDays(account.id, upgraded.db)).toEqual(
           await keySpendFromEntries(account.id, upgraded.db),
         );
@@ -374,6 +377,45 @@ describe.each(engines)('storage on %s', (engine, open) => {
           usdNano: 2_500_000_000n,
           diemNano: USD / 4n,
         });
+      });
+    });
+
+    test('behavior: 0019_rpc_credit_hours sums the one-minute credit buckets already counted into hours', async () => {
+      await atMigration('0018_key_spend_days', 'hours', async (upgraded) => {
+        const minute = 60_000;
+        const at = T0 + 30 * minute;
+        // Buckets of two callers over the last day, written as 0018's code wrote them (no hours).
+        const buckets = [
+          ['a', at - DAY + minute, 5],
+          ['a', at - DAY + 2 * minute, 7],
+          ['a', at - 3 * 60 * minute, 11],
+          ['a', at - 59 * minute, 13],
+          ['a', at, 17],
+          ['b', at - 10 * minute, 19],
+        ] as const;
+        await upgraded.db
+          .insertInto('rpc_credit_usage')
+          .values(buckets.map(([subject, bucket_ms, credits]) => ({ subject, bucket_ms, credits })))
+          .execute();
+        expect(await migrate(upgraded)).toEqual({ applied: ['0019_rpc_credit_hours'] });
+        const hours = await upgraded.db
+          .selectFrom('rpc_credit_hours')
+          .select(['subject', 'hour_ms', 'credits'])
+          .orderBy('subject')
+          .orderBy('hour_ms')
+          .execute();
+        const hourOf = (ms: number) => Math.floor(ms / (60 * minute)) * 60 * minute;
+        expect(hours.map((h) => [h.subject, Number(h.hour_ms), Number(h.credits)])).toEqual([
+          ['a', hourOf(at - DAY + minute), 12],
+          ['a', hourOf(at - 3 * 60 * minute), 11],
+          ['a', hourOf(at - 59 * minute), 13],
+          ['a', hourOf(at), 17],
+          ['b', hourOf(at - 10 * minute), 19],
+        ]);
+        const credits = createRpcCredits(upgraded, clock);
+        expect(await credits.used('a', at)).toBe(5 + 7 + 11 + 13 + 17);
+        expect(await credits.used('a', at + minute)).toBe(7 + 11 + 13 + 17);
+        expect(await credits.used('b', at)).toBe(19);
       });
     });
 

@@ -124,7 +124,9 @@ export function createRpcService(deps: RpcServiceDeps) {
     if (!minute) return within;
     const credits = deps.credits.takeAlong({ ...take, now: at });
     if (!credits) return within;
-    return Object.assign(within, { embedded: { writes: [minute, credits.write], result: credits.bucketMs } });
+    return Object.assign(within, {
+      embedded: { writes: [minute, ...credits.writes], result: credits.bucketMs },
+    });
   }
 
   function creditCapError(nextReleaseAtMs: number | undefined): ApiError {
