@@ -24,7 +24,7 @@
  * written in their transaction (or their statement): a key's spend limit reads those rows, not the entries.
  */
 import type { Insertable, Kysely, Selectable, Transaction } from 'kysely';
-import { sql } from 'kysely';
+import { type RawBuilder, sql } from 'kysely';
 import type { Database } from './database.ts';
 import {
   type Currency,
@@ -866,6 +866,25 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
   }
 
   /**
+   * The condition of reserveAtOnce's hold for a key with a spend limit: the key is the account's and `amount`
+   * fits its USD limit, as `reserveIn` checks it (no DIEM is drawn: the DIEM limit does not apply). The spend
+   * since the period's first UTC day (api_key_spend_days, floored at 0) plus the key's held reservations plus
+   * `amount`.
+   */
+  function keyWithinUsdLimit(apiKeyId: string, accountId: string, amount: RawBuilder<unknown>, at: number) {
+    const periodDay = (period: 'EPOCH' | 'MONTH') =>
+      sql`cast(${epochDayOf(periodStartMs(period, at))} as integer)`;
+    return sql`exists (select 1 from api_keys k where k.id = ${apiKeyId} and k.account_id = ${accountId}
+      and (k.limit_usd_nano is null or ${amount} = 0
+        or greatest(0, -coalesce((select sum(d.net_nano) from api_key_spend_days d
+            where d.api_key_id = ${apiKeyId} and d.currency = 'USD' and d.epoch_day >= case k.limit_period
+              when 'EPOCH' then ${periodDay('EPOCH')} when 'MONTH' then ${periodDay('MONTH')} else 0 end), 0))
+          + coalesce((select sum(r.usd_nano) from reservations r
+            where r.api_key_id = ${apiKeyId} and r.status = 'held'), 0)
+          + ${amount} <= k.limit_usd_nano))`;
+  }
+
+  /**
    * PostgreSQL: a reservation that draws on free USD only (no DIEM stake on the account; the key charged, if
    * any, belongs to it and has no spend limit) as one statement sent on its own. Its update of the account row
    * takes the row's lock, checks the free balance and raises the reserved amount; the insert of the hold reads
@@ -899,24 +918,14 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
   ): Promise<ReserveResult | undefined> {
     const reservation = heldReservation(input, apiKeyId, input.amountNano, 0n, at);
     const amount = sql`cast(${reservation.usdNano} as bigint)`;
-    // A key believed to have a spend limit: the limit checked in the statement (no DIEM is drawn, so only the
-    // USD one applies), which must then start after the account's lock (the script): the spend and the held
-    // reservations it sums are written under that lock.
+    // A key believed to have a spend limit: the limit checked in the statement, which must then start after
+    // the account's lock (the script): the spend and the held reservations it sums are written under that lock.
     const limited = apiKeyId !== null && input.keySpendLimited === true;
-    const periodDay = (period: 'EPOCH' | 'MONTH') =>
-      sql`cast(${epochDayOf(periodStartMs(period, at))} as integer)`;
     const keyCondition =
       apiKeyId === null
         ? sql`true`
         : limited
-          ? sql`exists (select 1 from api_keys k where k.id = ${apiKeyId} and k.account_id = ${reservation.accountId}
-              and (k.limit_usd_nano is null or ${amount} = 0
-                or greatest(0, -coalesce((select sum(d.net_nano) from api_key_spend_days d
-                    where d.api_key_id = ${apiKeyId} and d.currency = 'USD' and d.epoch_day >= case k.limit_period
-                      when 'EPOCH' then ${periodDay('EPOCH')} when 'MONTH' then ${periodDay('MONTH')} else 0 end), 0))
-                  + coalesce((select sum(r.usd_nano) from reservations r
-                    where r.api_key_id = ${apiKeyId} and r.status = 'held'), 0)
-                  + ${amount} <= k.limit_usd_nano))`
+          ? keyWithinUsdLimit(apiKeyId, reservation.accountId, amount, at)
           : sql`exists (select 1 from api_keys where id = ${apiKeyId} and account_id = ${reservation.accountId}
               and limit_usd_nano is null and limit_diem_nano is null)`;
     const shape = writes?.length ? guardedBy(writes) : UNGUARDED;
