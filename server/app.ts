@@ -21,6 +21,7 @@ import { type AuthPorts, type Principal, resolvePrincipal } from './http/auth.ts
 import type { Handler, HandlerContext, HandlerTable, Reply, ReplyHeaders } from './http/contract.ts';
 import { ApiError, toValidationDetails } from './http/errors.ts';
 import { refuseNonFiniteParameters } from './http/finite-numbers.ts';
+import type { InFlight } from './http/in-flight.ts';
 import { jsonBody } from './http/json-body.ts';
 import { limitJsonDepth } from './http/json-depth.ts';
 import { pathBelowBase, rememberRouteMatches, sequence, underBasePath } from './http/pipeline.ts';
@@ -52,6 +53,14 @@ export type AppDeps = {
    * returns the release, called when the response is over, or throws the ApiError to answer with (429).
    */
   acquireSlot?(input: { operationId: OperationId; principal: Principal }): Promise<(() => void) | undefined>;
+  /**
+   * What an authenticated request waits for before it is admitted: its account's captures still under way in
+   * this process (Charges.settled; undefined when there are none), so that it sees the account as the answers
+   * already written left it.
+   */
+  settled?(accountId: string): Promise<void> | undefined;
+  /** Counts every request from its arrival to the end of its response (see http/in-flight.ts). */
+  inFlight?: InFlight;
   /** Headers computed once the handler is done, before the reply is written (`X-Balance-Remaining`). */
   replyHeaders?(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders>;
   /**
@@ -137,6 +146,7 @@ export function createApp(deps: AppDeps): express.Express {
 
   // Request id and the headers every response carries.
   app.use((req, res, next) => {
+    deps.inFlight?.track(res);
     const requestId = `${randomHex(8)}-${config.colo}`;
     const locals = res.locals as Locals;
     locals.requestId = requestId;
@@ -295,10 +305,12 @@ export function createApp(deps: AppDeps): express.Express {
       files: (req as Request & { files?: unknown }).files,
     } as unknown as HandlerContext<OperationId>;
     const principal = locals.principal;
-    const slot =
+    const acquire = () =>
       deps.acquireSlot && principal
         ? deps.acquireSlot({ operationId, principal })
         : Promise.resolve(undefined);
+    const settled = principal ? deps.settled?.(principal.accountId) : undefined;
+    const slot = settled ? settled.then(acquire) : acquire();
     const admitted = slot.then((release) => {
       if (release) res.on('close', release);
       return deps.admit && principal

@@ -36,6 +36,7 @@ import { createWalletDomain, type WalletDomain } from './domains/wallet/index.ts
 import { createHandlers } from './handlers.ts';
 import type { AuthPorts, Principal } from './http/auth.ts';
 import type { ReplyHeaders } from './http/contract.ts';
+import { createInFlight } from './http/in-flight.ts';
 import { loadContract } from './http/spec.ts';
 import { formatUsdFixed, nanoToUsdNumber } from './money.ts';
 import { createMetrics } from './observability/metrics.ts';
@@ -99,6 +100,7 @@ export async function createServices(
   const rateLimits = createRateLimits(database);
   const idempotency = createIdempotency(database);
   const metrics = createMetrics();
+  const inFlight = createInFlight();
   // The account's Pro flag decides its rate-limit tier and access to Pro models; read on every request, so
   // reused for API_KEY_CACHE_TTL_MS (a change made elsewhere applies within that bound).
   const proFlags = createTtlCache(async (accountId: string) => (await accounts.get(accountId)).pro, {
@@ -128,6 +130,14 @@ export async function createServices(
     walletPaymentRequired: wallet.walletPaymentRequired,
     reserved(principal, before) {
       if (!balancesBefore.has(principal)) balancesBefore.set(principal, before);
+    },
+    // A lone request's answer does not wait for its capture; with others in flight, answers wait (ChargesDeps).
+    answersWait: () => inFlight.count() > 1,
+    detachedFailed(reservation, error) {
+      logger.error(
+        { err: error, reservationId: reservation.id, requestId: reservation.requestId },
+        'capture failed: its reservation was released and nothing was charged for the request',
+      );
     },
   });
   let rpc: RpcDomain;
@@ -246,6 +256,11 @@ export async function createServices(
   });
 
   metrics.addGauge({
+    name: 'http_requests_in_flight',
+    help: 'Requests this process is serving: arrived and not yet answered or abandoned.',
+    read: async () => ({ '': inFlight.count() }),
+  });
+  metrics.addGauge({
     name: 'ledger_usd',
     help: 'Ledger totals in USD: balances, open reservations, and the sum of entries by type and currency.',
     read: async () => {
@@ -297,7 +312,14 @@ export async function createServices(
     readiness: () => database.ping(),
     mountRoutes: (express) => mountVideoDownloads(express, { video }),
     acquireSlot: (input) => wallet.acquireSlot(input),
-    replyHeaders: (input) => wallet.replyHeaders(input),
+    inFlight,
+    settled: (accountId) => charges.settled(accountId),
+    async replyHeaders(input) {
+      // `X-Balance-Remaining` is the balance after the request: after its capture, which the reply does not
+      // otherwise wait for (Charges.captureDetached).
+      if (input.principal.kind === 'wallet') await charges.settled(input.principal.accountId);
+      return wallet.replyHeaders(input);
+    },
     async admit({ operationId, principal, body }) {
       await wallet.admitWallet(operationId, principal);
       const requested = (body as { model?: unknown } | undefined)?.model;
@@ -340,6 +362,8 @@ export async function createServices(
     wallet,
     app,
     close: async () => {
+      // The captures the answers already written did not wait for are committed before the database closes.
+      await charges.idle();
       rpc.close();
       await videoWorker.stop();
       wallet.close();

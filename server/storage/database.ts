@@ -135,6 +135,9 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   sqlite.pragma('foreign_keys = ON');
   sqlite.pragma(`busy_timeout = ${Math.max(0, Math.trunc(options.busyTimeoutMs ?? 5000))}`);
   sqlite.pragma('synchronous = NORMAL');
+  // The undo journal of each member of a commit group (a savepoint) stays in memory: on disk, a group of a few
+  // requests spills it to a temporary file, created, written page by page and deleted for every such group.
+  sqlite.pragma('temp_store = MEMORY');
   // Checkpoints (the only fsyncs with WAL + NORMAL) run on a worker thread, off the event loop; the commit's
   // own automatic checkpoint stays only as a safety net should the worker fall far behind.
   const checkpointer = memory ? undefined : startCheckpointer(filename, options.checkpointIntervalMs ?? 200);

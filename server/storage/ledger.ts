@@ -351,6 +351,68 @@ function checkLimit(limit: number, max: number): number {
 }
 
 /** The ledger repository. */
+/** The items of a capture, checked, with their text columns as stored. */
+function captureItems(input: CaptureInput) {
+  return input.items.map((item, index) => {
+    assertAmount(`items[${index}].amountNano`, item.amountNano);
+    // One shape for every item, whatever the caller's objects hold.
+    return {
+      sku: item.sku,
+      amountNano: item.amountNano,
+      units: decimalText(`items[${index}].units`, item.units),
+      unitPriceNano: decimalText(`items[${index}].unitPriceNano`, item.unitPriceNano),
+      modelId: item.modelId ?? null,
+      details: item.details === undefined || item.details === null ? null : JSON.stringify(item.details),
+    };
+  });
+}
+type StoredItem = ReturnType<typeof captureItems>[number];
+
+/**
+ * How a capture charges a reservation holding `usdNano` and `diemNano`: the total capped at the reservation,
+ * DIEM first, then USD, item by item.
+ */
+function splitCharge(items: StoredItem[], usdNano: bigint, diemNano: bigint) {
+  const requestedNano = items.reduce((sum, item) => sum + item.amountNano, 0n);
+  const total = minBig(requestedNano, usdNano + diemNano);
+  let budget = total;
+  let diemLeft = diemNano;
+  let usdCharged = 0n;
+  let diemCharged = 0n;
+  const parts = items.map((item) => {
+    const amount = minBig(item.amountNano, budget);
+    budget -= amount;
+    const diem = minBig(amount, diemLeft);
+    diemLeft -= diem;
+    diemCharged += diem;
+    usdCharged += amount - diem;
+    return { item, diem, usd: amount - diem };
+  });
+  return { parts, requestedNano, total, usdCharged, diemCharged };
+}
+
+/**
+ * What capturing `input` against `reservation` charges: `captureWith`'s result without its entries. It needs
+ * only the reservation's figures and the items, so it is known before the capture runs (a reply that does not
+ * wait for its capture reports it; Charges.captureDetached).
+ */
+export function captureAmounts(
+  reservation: Reservation,
+  input: CaptureInput,
+): Omit<CaptureResult, 'entries'> {
+  return amountsOf(splitCharge(captureItems(input), reservation.usdNano, reservation.diemNano));
+}
+
+/** A split's amounts, as a capture reports them. */
+function amountsOf(split: ReturnType<typeof splitCharge>): Omit<CaptureResult, 'entries'> {
+  return {
+    usdNano: split.usdCharged,
+    diemNano: split.diemCharged,
+    requestedNano: split.requestedNano,
+    clamped: split.requestedNano > split.total,
+  };
+}
+
 export function createLedger(database: Database, options: RepositoryOptions = {}) {
   const { db, dialect } = database;
   const { now, randomId } = resolveOptions(options);
@@ -1090,46 +1152,6 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         .returning(['usd_balance_nano', 'diem_stake_nano']),
   );
 
-  /** The items of a capture, checked, with their text columns as stored. */
-  function captureItems(input: CaptureInput) {
-    return input.items.map((item, index) => {
-      assertAmount(`items[${index}].amountNano`, item.amountNano);
-      // One shape for every item, whatever the caller's objects hold.
-      return {
-        sku: item.sku,
-        amountNano: item.amountNano,
-        units: decimalText(`items[${index}].units`, item.units),
-        unitPriceNano: decimalText(`items[${index}].unitPriceNano`, item.unitPriceNano),
-        modelId: item.modelId ?? null,
-        details: item.details === undefined || item.details === null ? null : JSON.stringify(item.details),
-      };
-    });
-  }
-  type StoredItem = ReturnType<typeof captureItems>[number];
-
-  /**
-   * How a capture charges a reservation holding `usdNano` and `diemNano`: the total capped at the reservation,
-   * DIEM first, then USD, item by item.
-   */
-  function splitCharge(items: StoredItem[], usdNano: bigint, diemNano: bigint) {
-    const requestedNano = items.reduce((sum, item) => sum + item.amountNano, 0n);
-    const total = minBig(requestedNano, usdNano + diemNano);
-    let budget = total;
-    let diemLeft = diemNano;
-    let usdCharged = 0n;
-    let diemCharged = 0n;
-    const parts = items.map((item) => {
-      const amount = minBig(item.amountNano, budget);
-      budget -= amount;
-      const diem = minBig(amount, diemLeft);
-      diemLeft -= diem;
-      diemCharged += diem;
-      usdCharged += amount - diem;
-      return { item, diem, usd: amount - diem };
-    });
-    return { parts, requestedNano, total, usdCharged, diemCharged };
-  }
-
   /**
    * The CHARGE entries of a claimed reservation's split: one per (item, currency) with a non-zero amount, each
    * with the balance left after it (DIEM: the stake less the day's use, `diemUsedNano` before the capture;
@@ -1201,12 +1223,13 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
 
   /** What a capture returns, from its split and the entries it wrote. */
   function captured(split: ReturnType<typeof splitCharge>, entries: LedgerEntry[]): CaptureResult {
+    const amounts = amountsOf(split);
     return {
       entries,
-      usdNano: split.usdCharged,
-      diemNano: split.diemCharged,
-      requestedNano: split.requestedNano,
-      clamped: split.requestedNano > split.total,
+      usdNano: amounts.usdNano,
+      diemNano: amounts.diemNano,
+      requestedNano: amounts.requestedNano,
+      clamped: amounts.clamped,
     };
   }
 

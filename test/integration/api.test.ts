@@ -408,10 +408,12 @@ describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
   });
 
   describe('operations surface', () => {
-    test('behavior: /readyz reaches the database and /metrics reports ledger totals', async () => {
+    test('behavior: /readyz reaches the database and /metrics reports ledger totals and requests in flight', async () => {
       const origin = server.origin;
       expect((await fetch(`${origin}/readyz`)).status).toBe(200);
       const metrics = await (await fetch(`${origin}/metrics`)).text();
+      // The scrape itself is in flight while it is rendered.
+      expect(Number(/^http_requests_in_flight (\d+)$/m.exec(metrics)?.[1])).toBeGreaterThanOrEqual(1);
       expect(metrics).toMatch(/ledger_usd\{kind="balance"\} \d/);
       expect(metrics).toMatch(/ledger_usd\{kind="entries",type="TOP_UP",currency="USD"\} \d/);
     });

@@ -62,8 +62,12 @@ describe.each(engines)('balance headers on $name', ({ url }) => {
   const rpc = (secret: string, method = 'eth_blockNumber') =>
     post(secret, '/crypto/rpc/base-mainnet', { jsonrpc: '2.0', id: 1, method, params: [] });
 
-  /** The headers a request reports when the account's balance is `balance` before it. */
+  /**
+   * The headers a request reports when the account's balance is `balance` before it: read under the API, once
+   * the captures that answers already written did not wait for are done (the API's own requests wait for them).
+   */
   async function expected(accountId: string) {
+    await server.services.charges.idle();
     const balance = await server.services.ledger.getBalance(accountId);
     return {
       usd: formatUsdFixed(balance.usdNano, 8),
@@ -123,6 +127,7 @@ describe.each(engines)('balance headers on $name', ({ url }) => {
     // Each reports the balance before it: the start less some of the others' charges, never its own.
     // A request's charge is one entry per item (the prompt's and the completion's tokens).
     const charges = new Map<string, bigint>();
+    await server.services.charges.idle();
     for (const entry of await server.services.ledger.listEntries(accountId)) {
       if (entry.type !== 'CHARGE' || !entry.requestId) continue;
       charges.set(entry.requestId, (charges.get(entry.requestId) ?? 0n) - entry.amountNano);

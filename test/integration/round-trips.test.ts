@@ -237,14 +237,16 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
   });
 
   test("each chat's tokens are counted in its model's tokens-per-minute window", async () => {
-    const counted = async () =>
-      (
-        await server.services.database.db
-          .selectFrom('rate_limit_counters')
-          .select('used')
-          .where('bucket', 'like', '%:TPM')
-          .execute()
-      ).reduce((sum, row) => sum + Number(row.used), 0);
+    // The count is written with the capture, which a lone request's answer does not wait for.
+    const counted = async () => {
+      await server.services.charges.idle();
+      const rows = await server.services.database.db
+        .selectFrom('rate_limit_counters')
+        .select('used')
+        .where('bucket', 'like', '%:TPM')
+        .execute();
+      return rows.reduce((sum, row) => sum + Number(row.used), 0);
+    };
     const before = await counted();
     const answers = (await Promise.all([chat(), chat()])) as Array<{ usage: { total_tokens: number } }>;
     const tokens = answers.reduce((sum, answer) => sum + answer.usage.total_tokens, 0);

@@ -112,3 +112,14 @@ test('the checkpointer thread runs in a process started with --input-type=module
     db.close();
   }
 });
+
+test('a commit group keeps the undo journals of its savepoints in memory (temp_store = MEMORY): no temporary files', async () => {
+  const database = await createDatabase(`sqlite:${join(scratch, 'temp-store.sqlite')}`);
+  try {
+    const { rows } = await sql<{ temp_store: number | bigint }>`pragma temp_store`.execute(database.db);
+    // 2 is MEMORY; the default (0) spills a group's journals past 64 KiB to a file made and deleted per group.
+    expect(Number(rows[0]?.temp_store)).toBe(2);
+  } finally {
+    await database.close();
+  }
+});

@@ -118,6 +118,8 @@ describe('wallet-paid chat on the real handlers', () => {
       if (cost) costUsd = cost.usd;
     }
     expect(costUsd).toBeGreaterThan(0);
+    // A stream's end does not wait for its capture (Charges.captureDetached): read the ledger once it is done.
+    await server.services.charges.idle();
     const ledger = await server.services.ledger.getBalance(wallet.id);
     expect(ledger.usdNano).toBe(2_000_000_000n - parseUsdToNano(String(costUsd)));
     expect(ledger.usdReservedNano).toBe(0n);

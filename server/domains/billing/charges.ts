@@ -5,15 +5,16 @@
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
 import { InsufficientBalanceError, KeySpendLimitError } from '../../storage/errors.ts';
-import type {
-  BalanceBefore,
-  CaptureItem,
-  CaptureResult,
-  CaptureWithin,
-  LedgerRepository,
-  Reservation,
-  ReserveResult,
-  ReserveWithin,
+import {
+  type BalanceBefore,
+  type CaptureItem,
+  type CaptureResult,
+  type CaptureWithin,
+  captureAmounts,
+  type LedgerRepository,
+  type Reservation,
+  type ReserveResult,
+  type ReserveWithin,
 } from '../../storage/ledger.ts';
 
 export type ChargesDeps = {
@@ -28,6 +29,31 @@ export type ChargesDeps = {
   ): ApiError;
   /** Told of every reservation made: the caller it was made for, and the balance the hold found. */
   reserved?(principal: Principal, before: BalanceBefore): void;
+  /**
+   * Whether the answer of a request waits for its capture (captureDetached) at this moment (default: never).
+   * When the process serves other requests, answers written after their shared commit keep it at its most
+   * requests per second (measured: 8 to 10% more than answers that do not wait, whose captures share fewer
+   * pages per commit); a lone request gains the commit's time (100 to 150 µs on SQLite, a round trip on
+   * PostgreSQL) by not waiting.
+   */
+  answersWait?(): boolean;
+  /** Told of a detached capture that failed (captureDetached): it was undone; nothing was charged. */
+  detachedFailed?(reservation: Reservation, error: unknown): void;
+};
+
+/**
+ * A capture started without its caller waiting (captureDetached): what it charges, known from the reservation
+ * and the items before it runs; its completion (never rejects: a capture that fails is undone and reported).
+ */
+export type DetachedCapture = {
+  usdNano: bigint;
+  diemNano: bigint;
+  done: Promise<void>;
+  /**
+   * What the answer waits for before it is written: the capture itself when answers should wait for their
+   * captures now (ChargesDeps.answersWait), otherwise nothing.
+   */
+  answerAfter: Promise<void> | undefined;
 };
 
 export const INSUFFICIENT_BALANCE_MESSAGE =
@@ -55,6 +81,9 @@ export type Charges = ReturnType<typeof createCharges>;
 type HoldInput = { amountNano: bigint; requestId: string; modelId?: string | null };
 
 export function createCharges(deps: ChargesDeps) {
+  /** The detached captures under way, by account (see captureDetached). */
+  const detached = new Map<string, Set<Promise<void>>>();
+
   /** What a failed reservation answers: a wallet short of balance gets the 402 with what to pay. */
   const refusal = (principal: Principal, amountNano: bigint, error: unknown): unknown =>
     principal.kind === 'wallet' && error instanceof InsufficientBalanceError && deps.walletPaymentRequired
@@ -124,6 +153,71 @@ export function createCharges(deps: ChargesDeps) {
       within?: CaptureWithin<T>,
     ): Promise<CaptureResult> {
       return deps.ledger.captureWith(reservation, { items }, within);
+    },
+
+    /**
+     * `captureWith` without the caller waiting for it (`within` may still be on its way: a promise of it, which
+     * must not reject). Started now, it charges exactly what `captureWith` would, and those amounts are known
+     * from the reservation and the items, so the answer that reports them can be written while the capture
+     * commits (unless answers wait for their captures now: `answerAfter`, ChargesDeps.answersWait). The
+     * reservation already holds the money, so nothing can be overspent meanwhile. Should the capture fail, the
+     * reservation is released and `undo` runs (the caller's own holds): nothing is charged, and
+     * `detachedFailed` is told. Until it is done, `settled(accountId)` waits for it: whatever must see the
+     * account as the request left it (the next request of the account, a balance read, a header reporting
+     * the balance after the request) waits there.
+     */
+    captureDetached<T>(
+      reservation: Reservation,
+      items: CaptureItem[],
+      within?: CaptureWithin<T> | Promise<CaptureWithin<T> | undefined>,
+      undo?: () => Promise<unknown>,
+    ): DetachedCapture {
+      const amounts = captureAmounts(reservation, { items });
+      const accountId = reservation.accountId;
+      const answerWaits = deps.answersWait?.() === true;
+      const capturing =
+        within instanceof Promise
+          ? within.then((statements) => deps.ledger.captureWith(reservation, { items }, statements))
+          : deps.ledger.captureWith(reservation, { items }, within);
+      const done = capturing.then(
+        () => undefined,
+        async (error: unknown) => {
+          await deps.ledger.release(reservation.id).catch(() => undefined);
+          await undo?.().catch(() => undefined);
+          deps.detachedFailed?.(reservation, error);
+        },
+      );
+      let pending = detached.get(accountId);
+      if (!pending) {
+        pending = new Set();
+        detached.set(accountId, pending);
+      }
+      pending.add(done);
+      const forget = () => {
+        pending.delete(done);
+        if (pending.size === 0 && detached.get(accountId) === pending) detached.delete(accountId);
+      };
+      void done.then(forget);
+      return {
+        usdNano: amounts.usdNano,
+        diemNano: amounts.diemNano,
+        done,
+        answerAfter: answerWaits ? done : undefined,
+      };
+    },
+
+    /**
+     * Resolves once the account's detached captures started so far are done; undefined (no wait at all) when
+     * there are none.
+     */
+    settled(accountId: string): Promise<void> | undefined {
+      const pending = detached.get(accountId);
+      return pending ? Promise.all(pending).then(() => undefined) : undefined;
+    },
+
+    /** Resolves once every detached capture started so far is done (shutdown drains them before closing). */
+    async idle(): Promise<void> {
+      while (detached.size > 0) await Promise.all([...detached.values()].flatMap((set) => [...set]));
     },
   };
 }

@@ -199,14 +199,15 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
       } catch (error) {
         if (ctx.signal.aborted) {
           // The client left: the work done so far is billed; nobody reads an answer.
-          await chat.settle(prepared, undefined, produced());
+          chat.settle(prepared, undefined, produced());
           throw error;
         }
         await chat.release(prepared);
         if (timedOut) throw new ApiError(504, MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
         throw toApiError(error);
       }
-      settlement = await chat.settle(prepared, usage, produced());
+      settlement = chat.settle(prepared, usage, produced());
+      if (settlement.answerAfter) await settlement.answerAfter;
     } finally {
       clearTimeout(timeout);
       ctx.signal.removeEventListener('abort', onAbort);
@@ -407,17 +408,18 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
         try {
           if (aborter.signal.aborted || res.destroyed) {
             await iterator.return?.(undefined);
-            await chat.settle(prepared, undefined, produced);
+            chat.settle(prepared, undefined, produced);
             return;
           }
           if (failure) {
             // Delivered output is billed; the rest of the reservation goes back.
-            await chat.settle(prepared, undefined, produced);
+            chat.settle(prepared, undefined, produced);
             await send(streamErrorBody(failure));
             await send('[DONE]');
             return;
           }
-          const settlement = await chat.settle(prepared, usage, produced);
+          const settlement = chat.settle(prepared, usage, produced);
+          if (settlement.answerAfter) await settlement.answerAfter;
           await send({
             ...base,
             choices: [],

@@ -9,7 +9,7 @@
  *            same one), failing over to the next backend when one fails before producing anything.
  *   settle:  capture the real cost (prompt, cache reads and writes, output, searches, scrapes) as CHARGE
  *            entries with the request and model ids, release the rest, and count the tokens per minute in
- *            the same transaction.
+ *            the same transaction; the answer does not wait for it (its amounts are known beforehand).
  */
 import { createHash } from 'node:crypto';
 import type { ChatCompletionRequest } from '../../../generated/api.d.ts';
@@ -96,6 +96,8 @@ export type PreparedChat = {
 export type Settlement = {
   usage: ProviderUsage;
   cost: { usd: number; diem: number };
+  /** What the answer waits for before it is written (DetachedCapture.answerAfter). */
+  answerAfter: Promise<void> | undefined;
 };
 
 /** A provider failure as the interface's status. */
@@ -435,12 +437,12 @@ export function createChatService(deps: ChatServiceDeps) {
       return { [Symbol.asyncIterator]: () => failover(prepared, signal) };
     },
 
-    /** Captures what the request used (or, when it was cut short, what it had produced). */
-    async settle(
-      prepared: PreparedChat,
-      usage: ProviderUsage | undefined,
-      producedText: string,
-    ): Promise<Settlement> {
+    /**
+     * Captures what the request used (or, when it was cut short, what it had produced) without waiting for
+     * the capture (Charges.captureDetached): the settlement is known at once from the reservation and the
+     * usage, so the answer that reports it can be written while the capture commits (`answerAfter`).
+     */
+    settle(prepared: PreparedChat, usage: ProviderUsage | undefined, producedText: string): Settlement {
       const final: ProviderUsage = usage ?? {
         promptTokens: prepared.promptTokens,
         completionTokens: countTokens(producedText),
@@ -449,10 +451,12 @@ export function createChatService(deps: ChatServiceDeps) {
         cacheCreationTokens: 0,
       };
       // A count that cannot be made (its tier unknown) is skipped, as a failed count never fails the capture.
-      const count = await deps
-        .tokenCount?.(prepared.principal, prepared.model.id, final.promptTokens + final.completionTokens)
-        .catch(() => undefined);
-      const capture = await deps.charges.captureWith(
+      const count = deps.tokenCount
+        ? deps
+            .tokenCount(prepared.principal, prepared.model.id, final.promptTokens + final.completionTokens)
+            .catch(() => undefined)
+        : undefined;
+      const capture = deps.charges.captureDetached(
         prepared.reservation,
         chargeItems(prepared.model, final, prepared.extras),
         count,
@@ -460,6 +464,7 @@ export function createChatService(deps: ChatServiceDeps) {
       return {
         usage: final,
         cost: { usd: nanoToUsdNumber(capture.usdNano), diem: nanoToUsdNumber(capture.diemNano) },
+        answerAfter: capture.answerAfter,
       };
     },
 

@@ -2,8 +2,9 @@
  * The JSON-RPC proxy: checks and prices every item of a call, replays or claims its idempotency key, then in
  * one transaction (on PostgreSQL one round trip, see admission) counts it under the per-minute cap, takes the
  * worst case from the rolling 24-hour credit cap and reserves it on the ledger, forwards the bytes to the
- * network's nodes (with failover), then charges what the answer really cost and returns the node's bytes
- * unchanged. Everything that does not depend on the request is prepared at start.
+ * network's nodes (with failover), then returns the node's bytes unchanged while what the answer really cost
+ * is charged (the capture is not waited for: Charges.captureDetached). Everything that does not depend on the
+ * request is prepared at start.
  */
 import type { Transaction } from 'kysely';
 import type { components } from '../../../generated/api.d.ts';
@@ -181,7 +182,7 @@ export function createRpcService(deps: RpcServiceDeps) {
   /**
    * The billed call, in two transactions around the upstream call: the per-minute cap, the credit cap and the
    * reservation in one (under the account's lock; `admission`), the capture and the unspent credits' return
-   * in the other.
+   * in the other, which the answer does not wait for.
    * Undoes its holds when it fails.
    */
   async function forward(
@@ -218,7 +219,9 @@ export function createRpcService(deps: RpcServiceDeps) {
               deps.credits.giveBack(returned, runner)
           : undefined;
       if (costNano > 0n) {
-        await deps.charges.captureWith(
+        // The answer need not wait for its capture (captureDetached): the reservation already holds the
+        // money, and a capture that fails gives back everything this call took.
+        const capture = deps.charges.captureDetached(
           reservation,
           [
             {
@@ -230,8 +233,10 @@ export function createRpcService(deps: RpcServiceDeps) {
             },
           ],
           giveBack,
+          () => deps.credits.giveBack({ subject, bucketMs, credits: plan.worstCase }),
         );
         held = false;
+        if (capture.answerAfter) await capture.answerAfter;
       } else {
         await deps.charges.release(reservation);
         held = false;
