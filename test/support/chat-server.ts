@@ -18,6 +18,8 @@ export type ChatServer = {
   base: string;
   origin: string;
   services: Services;
+  /** The listening `node:http` server (to observe its connections). */
+  http: Server;
   /** A new account with `usd` of credit and an INFERENCE key. */
   account(usd: string, options?: { pro?: boolean }): Promise<{ accountId: string; key: string }>;
   close(): Promise<void>;
@@ -46,6 +48,7 @@ export async function startChatServer(
     base: `${origin}/api/v1`,
     origin,
     services,
+    http: server,
     async account(usd, accountOptions = {}) {
       const account = await services.accounts.createApiAccount({ pro: accountOptions.pro ?? false });
       if (usd !== '0')

@@ -289,12 +289,28 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
       headers: modelHeaders(prepared),
       stream: async (res: ServerResponse, signal: AbortSignal) => {
         signal.addEventListener('abort', onAbort, { once: true });
+        // The frames written in one turn of the event loop leave together (one socket write, not one per
+        // frame): corked at the first, uncorked once the turn's work is done. Frames are not held any longer.
+        let corked = false;
+        const uncork = () => {
+          corked = false;
+          res.uncork();
+        };
+        const cork = () => {
+          if (corked) return;
+          corked = true;
+          res.cork();
+          process.nextTick(uncork);
+        };
         res.writeHead(200, {
           'Content-Type': 'text/event-stream; charset=utf-8',
           'Cache-Control': 'no-cache',
           Connection: 'keep-alive',
           'X-Accel-Buffering': 'no',
         });
+        // The headers leave in this turn whatever follows, with the first frames when there are any (one
+        // socket write instead of two: on loopback each write costs tens of µs).
+        cork();
         res.flushHeaders();
         const drained = () =>
           new Promise<void>((resolve) => {
@@ -306,21 +322,10 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
             res.on('drain', done);
             res.on('close', done);
           });
-        // The frames written in one turn of the event loop leave together (one socket write, not one per
-        // frame): corked at the first, uncorked once the turn's work is done. Frames are not held any longer.
-        let corked = false;
-        const uncork = () => {
-          corked = false;
-          res.uncork();
-        };
         /** Writes one `data:` frame; a promise only when the socket asks to wait (backpressure). */
         const write = (data: string): Promise<void> | undefined => {
           if (res.destroyed || aborter.signal.aborted) return undefined;
-          if (!corked) {
-            corked = true;
-            res.cork();
-            process.nextTick(uncork);
-          }
+          cork();
           return res.write(`data: ${data}\n\n`) ? undefined : drained();
         };
         const send = async (payload: unknown) => {
