@@ -99,20 +99,17 @@ describe.each(engines)('answers and their captures on $name', ({ name, url }) =>
     return { accountId, key, admin: admin.secret };
   }
   const rpc = (key: string) =>
-    fetch(`${server.base}/crypto/rpc/base-mainnet`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-      body: JSON.stringify({ jsonrpc: '2.0', id: 7, method: 'eth_blockNumber', params: [] }),
+    server.post(key, '/crypto/rpc/base-mainnet', {
+      jsonrpc: '2.0',
+      id: 7,
+      method: 'eth_blockNumber',
+      params: [],
     });
   const chat = (key: string) =>
-    fetch(`${server.base}/chat/completions`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-      body: JSON.stringify({
-        model: 'llama-3.3-70b',
-        messages: [{ role: 'user', content: 'Hi' }],
-        max_tokens: 8,
-      }),
+    server.post(key, '/chat/completions', {
+      model: 'llama-3.3-70b',
+      messages: [{ role: 'user', content: 'Hi' }],
+      max_tokens: 8,
     });
   const balance = (admin: string) =>
     fetch(`${server.base}/billing/balance`, { headers: { authorization: `Bearer ${admin}` } }).then(

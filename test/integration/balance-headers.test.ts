@@ -47,20 +47,14 @@ describe.each(engines)('balance headers on $name', ({ url }) => {
     return { accountId, secret: key };
   }
 
-  const post = (secret: string, path: string, body: unknown) =>
-    fetch(`${server.base}${path}`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${secret}`, 'content-type': 'application/json' },
-      body: JSON.stringify(body),
-    });
   const chat = (secret: string) =>
-    post(secret, '/chat/completions', {
+    server.post(secret, '/chat/completions', {
       model: 'llama-3.3-70b',
       messages: [{ role: 'user', content: 'Hi' }],
       max_tokens: 8,
     });
   const rpc = (secret: string, method = 'eth_blockNumber') =>
-    post(secret, '/crypto/rpc/base-mainnet', { jsonrpc: '2.0', id: 1, method, params: [] });
+    server.post(secret, '/crypto/rpc/base-mainnet', { jsonrpc: '2.0', id: 1, method, params: [] });
 
   /**
    * The headers a request reports when the account's balance is `balance` before it: read under the API, once

@@ -20,6 +20,8 @@ export type ChatServer = {
   services: Services;
   /** The listening `node:http` server (to observe its connections). */
   http: Server;
+  /** POSTs `body` as JSON to `path` (under the base path) with `key` as the bearer token. */
+  post(key: string, path: string, body: unknown): Promise<Response>;
   /** A new account with `usd` of credit and an INFERENCE key. */
   account(usd: string, options?: { pro?: boolean }): Promise<{ accountId: string; key: string }>;
   close(): Promise<void>;
@@ -49,6 +51,12 @@ export async function startChatServer(
     origin,
     services,
     http: server,
+    post: (key, path, body) =>
+      fetch(`${origin}/api/v1${path}`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      }),
     async account(usd, accountOptions = {}) {
       const account = await services.accounts.createApiAccount({ pro: accountOptions.pro ?? false });
       if (usd !== '0')
