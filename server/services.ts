@@ -96,7 +96,17 @@ export async function createServices(
   }
   const accounts = createAccounts(database);
   const keys = cacheApiKeys(createApiKeys(database), { ttlMs: config.apiKeyCacheTtlMs });
-  const ledger = createLedger(database);
+  // The money this process's ledger entries moved, by type and currency (a counter: charges as positive amounts).
+  const entriesMoved = new Map<string, bigint>();
+  const ledger = createLedger(database, {
+    onEntries(entries) {
+      for (const entry of entries) {
+        const labels = `type="${entry.type}",currency="${entry.currency}"`;
+        const amount = entry.amountNano < 0n ? -entry.amountNano : entry.amountNano;
+        entriesMoved.set(labels, (entriesMoved.get(labels) ?? 0n) + amount);
+      }
+    },
+  });
   const rateLimits = createRateLimits(database);
   const idempotency = createIdempotency(database);
   const metrics = createMetrics();
@@ -262,21 +272,20 @@ export async function createServices(
   });
   metrics.addGauge({
     name: 'ledger_usd',
-    help: 'Ledger totals in USD: balances, open reservations, and the sum of entries by type and currency.',
+    help: 'USD held across accounts (balance) and held by open reservations (reserved).',
     read: async () => {
       const totals = await ledger.totals();
-      const usd = (nano: bigint) => nanoToUsdNumber(nano);
       return {
-        'kind="balance"': usd(totals.usdBalanceNano),
-        'kind="reserved"': usd(totals.usdReservedNano),
-        ...Object.fromEntries(
-          totals.entries.map((e) => [
-            `kind="entries",type="${e.type}",currency="${e.currency}"`,
-            usd(e.amountNano),
-          ]),
-        ),
+        'kind="balance"': nanoToUsdNumber(totals.usdBalanceNano),
+        'kind="reserved"': nanoToUsdNumber(totals.usdReservedNano),
       };
     },
+  });
+  metrics.addCounter({
+    name: 'ledger_entries_usd_total',
+    help: 'USD moved by the ledger entries this process wrote, by type and currency (charges counted positive).',
+    read: async () =>
+      Object.fromEntries([...entriesMoved].map(([labels, nano]) => [labels, nanoToUsdNumber(nano)])),
   });
 
   const inferenceOperations = new Set(

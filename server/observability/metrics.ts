@@ -1,17 +1,22 @@
 /**
  * Prometheus metrics in the text exposition format, without a client library: request counts and latency by
- * operation and status, upstream latency by provider, and gauges read at scrape time (ledger totals).
+ * operation and status, upstream latency by provider, and gauges and counters read at scrape time (requests in
+ * flight, ledger totals, the money the ledger entries moved).
  */
 const BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
 
 type Histogram = { counts: number[]; sum: number; count: number };
 
+/** Values read at scrape time, by their labels (`a="x",b="y"`, or '' for none). */
 export type Gauge = { name: string; help: string; read: () => Promise<Record<string, number>> };
+/** A counter kept elsewhere (it only grows), read at scrape time like a gauge. */
+export type Counter = Gauge;
 
 export type Metrics = {
   observeRequest(operation: string, status: number, seconds: number): void;
   observeUpstream(upstream: string, outcome: string, seconds: number): void;
   addGauge(gauge: Gauge): void;
+  addCounter(counter: Counter): void;
   render(): Promise<string>;
 };
 
@@ -19,7 +24,7 @@ export function createMetrics(): Metrics {
   const requests = new Map<string, number>();
   const durations = new Map<string, Histogram>();
   const upstream = new Map<string, Histogram>();
-  const gauges: Gauge[] = [];
+  const gauges: Array<Gauge & { type: 'gauge' | 'counter' }> = [];
 
   const observe = (map: Map<string, Histogram>, key: string, seconds: number) => {
     let h = map.get(key);
@@ -59,7 +64,10 @@ export function createMetrics(): Metrics {
       observe(upstream, `${name}:${outcome}`, seconds);
     },
     addGauge(gauge) {
-      gauges.push(gauge);
+      gauges.push({ ...gauge, type: 'gauge' });
+    },
+    addCounter(counter) {
+      gauges.push({ ...counter, type: 'counter' });
     },
     async render() {
       const lines = [
@@ -89,7 +97,7 @@ export function createMetrics(): Metrics {
         ),
       );
       for (const gauge of gauges) {
-        lines.push(`# HELP ${gauge.name} ${gauge.help}`, `# TYPE ${gauge.name} gauge`);
+        lines.push(`# HELP ${gauge.name} ${gauge.help}`, `# TYPE ${gauge.name} ${gauge.type}`);
         for (const [labels, value] of Object.entries(await gauge.read())) {
           lines.push(`${gauge.name}${labels ? `{${labels}}` : ''} ${value}`);
         }

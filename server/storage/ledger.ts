@@ -222,7 +222,14 @@ export type KeySpend = { usdNano: bigint; diemNano: bigint };
 export type LedgerTotals = {
   usdBalanceNano: bigint;
   usdReservedNano: bigint;
-  entries: Array<{ type: EntryType; currency: Currency; amountNano: bigint }>;
+};
+
+export type LedgerOptions = RepositoryOptions & {
+  /**
+   * Told of the ledger entries this repository wrote, once they are committed (a top-up that credited, a
+   * capture, a refund): what process-local counters of money moved are made of (the `/metrics` counter).
+   */
+  onEntries?(entries: readonly LedgerEntry[]): void;
 };
 
 export type LedgerRepository = ReturnType<typeof createLedger>;
@@ -413,7 +420,7 @@ function amountsOf(split: ReturnType<typeof splitCharge>): Omit<CaptureResult, '
   };
 }
 
-export function createLedger(database: Database, options: RepositoryOptions = {}) {
+export function createLedger(database: Database, options: LedgerOptions = {}) {
   const { db, dialect } = database;
   const { now, randomId } = resolveOptions(options);
 
@@ -1334,7 +1341,7 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     });
   }
 
-  return {
+  const ledger = {
     /** The account's balances at `at` (today's DIEM figures are for the UTC day of `at`). */
     async getBalance(accountId: string, at: number = now()): Promise<Balance> {
       // One statement: the account and its DIEM counters of the day.
@@ -1639,28 +1646,19 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
     },
 
     /**
-     * Ledger-wide totals for metrics: USD held and reserved across accounts, and the sum of entries by type
-     * and currency (charges negative). Aggregates only; cheap enough for a scrape, not for every request.
+     * Ledger-wide totals for metrics: USD held and reserved across accounts (a scan of the accounts, not of
+     * the entries, whose number grows with every request ever charged: the money the entries moved is counted
+     * by each process as it writes them, LedgerOptions.onEntries).
      */
     async totals(): Promise<LedgerTotals> {
-      const [held, sums] = await Promise.all([
-        db
-          .selectFrom('accounts')
-          .select((eb) => [
-            eb.fn.sum<string | bigint | null>('usd_balance_nano').as('usd'),
-            eb.fn.sum<string | bigint | null>('usd_reserved_nano').as('reserved'),
-          ])
-          .executeTakeFirstOrThrow(),
-        db
-          .selectFrom('ledger_entries')
-          .select((eb) => ['type', 'currency', eb.fn.sum<string | bigint | null>('amount_nano').as('total')])
-          .groupBy(['type', 'currency'])
-          .execute(),
-      ]);
-      const entries: LedgerTotals['entries'] = [];
-      for (const row of sums)
-        entries.push({ type: row.type, currency: row.currency, amountNano: toBigInt(row.total) });
-      return { usdBalanceNano: toBigInt(held.usd), usdReservedNano: toBigInt(held.reserved), entries };
+      const held = await db
+        .selectFrom('accounts')
+        .select((eb) => [
+          eb.fn.sum<string | bigint | null>('usd_balance_nano').as('usd'),
+          eb.fn.sum<string | bigint | null>('usd_reserved_nano').as('reserved'),
+        ])
+        .executeTakeFirstOrThrow();
+      return { usdBalanceNano: toBigInt(held.usd), usdReservedNano: toBigInt(held.reserved) };
     },
 
     /** Start of the key-limit period containing `at` (EPOCH: the UTC day, MONTH: the UTC month, LIFETIME: 0). */
@@ -1759,6 +1757,37 @@ export function createLedger(database: Database, options: RepositoryOptions = {}
         if (within) await within(trx);
         return captured(split, entries);
       });
+    },
+  };
+
+  const { onEntries } = options;
+  if (!onEntries) return ledger;
+  // The methods that write entries, told of them once their transaction is committed (their own results).
+  return {
+    ...ledger,
+    async topUp(input: TopUpInput): Promise<TopUpResult> {
+      const result = await ledger.topUp(input);
+      if (result.credited) onEntries([result.entry]);
+      return result;
+    },
+    async capture(reservationId: string, input: CaptureInput): Promise<CaptureResult> {
+      const result = await ledger.capture(reservationId, input);
+      onEntries(result.entries);
+      return result;
+    },
+    async captureWith<T>(
+      reservation: Reservation,
+      input: CaptureInput,
+      within?: CaptureWithin<T>,
+    ): Promise<CaptureResult> {
+      const result = await ledger.captureWith(reservation, input, within);
+      onEntries(result.entries);
+      return result;
+    },
+    async refund(input: RefundInput): Promise<RefundResult> {
+      const result = await ledger.refund(input);
+      if (result.refunded) onEntries(result.entries);
+      return result;
     },
   };
 }

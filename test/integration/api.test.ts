@@ -415,7 +415,9 @@ describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {
       // The scrape itself is in flight while it is rendered.
       expect(Number(/^http_requests_in_flight (\d+)$/m.exec(metrics)?.[1])).toBeGreaterThanOrEqual(1);
       expect(metrics).toMatch(/ledger_usd\{kind="balance"\} \d/);
-      expect(metrics).toMatch(/ledger_usd\{kind="entries",type="TOP_UP",currency="USD"\} \d/);
+      // The money this process's entries moved: a counter, by type and currency.
+      expect(metrics).toContain('# TYPE ledger_entries_usd_total counter');
+      expect(metrics).toMatch(/^ledger_entries_usd_total\{type="TOP_UP",currency="USD"\} [1-9]/m);
     });
   });
 

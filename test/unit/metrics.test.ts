@@ -13,7 +13,15 @@ describe('createMetrics', () => {
       help: 'Ledger totals.',
       read: async () => ({ 'kind="balance"': 12.5 }),
     });
+    metrics.addCounter({
+      name: 'ledger_entries_usd_total',
+      help: 'Money moved.',
+      read: async () => ({ 'type="CHARGE",currency="USD"': 0.25 }),
+    });
     const text = await metrics.render();
+    expect(text).toContain('# TYPE ledger_usd gauge');
+    expect(text).toContain('# TYPE ledger_entries_usd_total counter');
+    expect(text).toContain('ledger_entries_usd_total{type="CHARGE",currency="USD"} 0.25');
     expect(text).toContain('http_requests_total{operation="listModels",status="200"} 2');
     expect(text).toContain('http_requests_total{operation="listModels",status="400"} 1');
     expect(text).toContain('http_request_duration_seconds_bucket{operation="listModels",le="0.005"} 2');
