@@ -7,7 +7,7 @@ import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { pino } from 'pino';
+import { type Logger, pino } from 'pino';
 import { createApp } from '../../server/app.ts';
 import { loadConfig } from '../../server/config.ts';
 import { parseUsdToNano } from '../../server/money.ts';
@@ -28,7 +28,7 @@ export type ChatServer = {
 };
 
 export async function startChatServer(
-  options: { env?: Record<string, string>; databaseUrl?: string; catalogYaml?: string } = {},
+  options: { env?: Record<string, string>; databaseUrl?: string; catalogYaml?: string; logger?: Logger } = {},
 ): Promise<ChatServer> {
   const scratch = mkdtempSync(join(tmpdir(), 'chat-server-'));
   const env: Record<string, string> = {
@@ -42,7 +42,7 @@ export async function startChatServer(
     writeFileSync(path, options.catalogYaml);
     env.SERVICE_CONFIG = path;
   }
-  const services = await createServices(loadConfig(env), pino({ level: 'silent' }));
+  const services = await createServices(loadConfig(env), options.logger ?? pino({ level: 'silent' }));
   const server: Server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
   await new Promise<void>((resolve) => server.once('listening', () => resolve()));
   const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;

@@ -143,6 +143,11 @@ function textFilter(prepared: PreparedChat, stripTags: boolean): ThinkStripper |
   };
 }
 
+/** What answers a request whose client went away: nobody reads it, and it is no failure of the server's. */
+function clientClosed(cause: unknown): ApiError {
+  return new ApiError(499, 'The client closed the request', { code: 'CLIENT_CLOSED', cause });
+}
+
 function modelHeaders(prepared: PreparedChat): ReplyHeaders {
   return {
     'x-service-model-id': prepared.model.id,
@@ -200,7 +205,7 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
         if (ctx.signal.aborted) {
           // The client left: the work done so far is billed; nobody reads an answer.
           chat.settle(prepared, undefined, produced());
-          throw error;
+          throw clientClosed(error);
         }
         await chat.release(prepared);
         if (timedOut) throw new ApiError(504, MESSAGES.timeout, { code: 'REQUEST_TIMEOUT', cause: error });
@@ -261,7 +266,7 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
     } catch (error) {
       ctx.signal.removeEventListener('abort', onAbort);
       await chat.release(prepared).finally(() => prepared.done());
-      throw toApiError(error);
+      throw ctx.signal.aborted ? clientClosed(error) : toApiError(error);
     }
     const { stripTags, dropReasoning } = visibility(prepared);
     const n = prepared.request.n;
