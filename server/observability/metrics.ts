@@ -24,7 +24,8 @@ export function createMetrics(): Metrics {
   const requests = new Map<string, number>();
   const durations = new Map<string, Histogram>();
   const upstream = new Map<string, Histogram>();
-  const gauges: Array<Gauge & { type: 'gauge' | 'counter' }> = [];
+  /** Gauges and counters read at scrape time, in the order they were added. */
+  const readAtScrape: Array<Gauge & { type: 'gauge' | 'counter' }> = [];
 
   const observe = (map: Map<string, Histogram>, key: string, seconds: number) => {
     let h = map.get(key);
@@ -64,10 +65,10 @@ export function createMetrics(): Metrics {
       observe(upstream, `${name}:${outcome}`, seconds);
     },
     addGauge(gauge) {
-      gauges.push({ ...gauge, type: 'gauge' });
+      readAtScrape.push({ ...gauge, type: 'gauge' });
     },
     addCounter(counter) {
-      gauges.push({ ...counter, type: 'counter' });
+      readAtScrape.push({ ...counter, type: 'counter' });
     },
     async render() {
       const lines = [
@@ -96,10 +97,10 @@ export function createMetrics(): Metrics {
           upstream,
         ),
       );
-      for (const gauge of gauges) {
-        lines.push(`# HELP ${gauge.name} ${gauge.help}`, `# TYPE ${gauge.name} ${gauge.type}`);
-        for (const [labels, value] of Object.entries(await gauge.read())) {
-          lines.push(`${gauge.name}${labels ? `{${labels}}` : ''} ${value}`);
+      for (const series of readAtScrape) {
+        lines.push(`# HELP ${series.name} ${series.help}`, `# TYPE ${series.name} ${series.type}`);
+        for (const [labels, value] of Object.entries(await series.read())) {
+          lines.push(`${series.name}${labels ? `{${labels}}` : ''} ${value}`);
         }
       }
       return `${lines.join('\n')}\n`;

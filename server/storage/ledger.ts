@@ -357,7 +357,6 @@ function checkLimit(limit: number, max: number): number {
   return limit;
 }
 
-/** The ledger repository. */
 /** The items of a capture, checked, with their text columns as stored. */
 function captureItems(input: CaptureInput) {
   return input.items.map((item, index) => {
@@ -379,7 +378,7 @@ type StoredItem = ReturnType<typeof captureItems>[number];
  * How a capture charges a reservation holding `usdNano` and `diemNano`: the total capped at the reservation,
  * DIEM first, then USD, item by item.
  */
-function splitCharge(items: StoredItem[], usdNano: bigint, diemNano: bigint) {
+function splitCharge<Item extends { amountNano: bigint }>(items: Item[], usdNano: bigint, diemNano: bigint) {
   const requestedNano = items.reduce((sum, item) => sum + item.amountNano, 0n);
   const total = minBig(requestedNano, usdNano + diemNano);
   let budget = total;
@@ -398,6 +397,9 @@ function splitCharge(items: StoredItem[], usdNano: bigint, diemNano: bigint) {
   return { parts, requestedNano, total, usdCharged, diemCharged };
 }
 
+/** The split of a capture's stored items (what its entries are written from). */
+type StoredSplit = ReturnType<typeof splitCharge<StoredItem>>;
+
 /**
  * What capturing `input` against `reservation` charges: `captureWith`'s result without its entries. It needs
  * only the reservation's figures and the items, so it is known before the capture runs (a reply that does not
@@ -407,7 +409,9 @@ export function captureAmounts(
   reservation: Reservation,
   input: CaptureInput,
 ): Omit<CaptureResult, 'entries'> {
-  return amountsOf(splitCharge(captureItems(input), reservation.usdNano, reservation.diemNano));
+  // The amounts only: the items' stored text (units, prices, details) is the capture's own work.
+  input.items.forEach((item, index) => assertAmount(`items[${index}].amountNano`, item.amountNano));
+  return amountsOf(splitCharge(input.items, reservation.usdNano, reservation.diemNano));
 }
 
 /** A split's amounts, as a capture reports them. */
@@ -420,6 +424,7 @@ function amountsOf(split: ReturnType<typeof splitCharge>): Omit<CaptureResult, '
   };
 }
 
+/** The ledger repository. */
 export function createLedger(database: Database, options: LedgerOptions = {}) {
   const { db, dialect } = database;
   const { now, randomId } = resolveOptions(options);
@@ -1056,7 +1061,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   async function captureAtOnce(
     q: Executor,
     reservation: Reservation,
-    split: ReturnType<typeof splitCharge>,
+    split: StoredSplit,
     at: number,
     alongside?: EmbeddedWrite,
   ): Promise<LedgerEntry[]> {
@@ -1166,7 +1171,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
    */
   function chargeEntries(
     claimed: ClaimedReservation,
-    parts: ReturnType<typeof splitCharge>['parts'],
+    parts: StoredSplit['parts'],
     balances: { diemStakeNano: bigint; usdBalanceNano: bigint; diemUsedNano: bigint },
     at: number,
   ): NewEntry[] {
@@ -1216,7 +1221,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   async function writeCharges(
     trx: Transaction<Tables>,
     claimed: ClaimedReservation,
-    parts: ReturnType<typeof splitCharge>['parts'],
+    parts: StoredSplit['parts'],
     balances: { diemStakeNano: bigint; usdBalanceNano: bigint },
     at: number,
   ): Promise<LedgerEntry[]> {
@@ -1229,7 +1234,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   }
 
   /** What a capture returns, from its split and the entries it wrote. */
-  function captured(split: ReturnType<typeof splitCharge>, entries: LedgerEntry[]): CaptureResult {
+  function captured(split: StoredSplit, entries: LedgerEntry[]): CaptureResult {
     const amounts = amountsOf(split);
     return {
       entries,

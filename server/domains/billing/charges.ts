@@ -175,18 +175,16 @@ export function createCharges(deps: ChargesDeps) {
       const amounts = captureAmounts(reservation, { items });
       const accountId = reservation.accountId;
       const answerWaits = deps.answersWait?.() === true;
-      const capturing =
-        within instanceof Promise
-          ? within.then((statements) => deps.ledger.captureWith(reservation, { items }, statements))
-          : deps.ledger.captureWith(reservation, { items }, within);
-      const done = capturing.then(
-        () => undefined,
-        async (error: unknown) => {
-          await deps.ledger.release(reservation.id).catch(() => undefined);
-          await undo?.().catch(() => undefined);
-          deps.detachedFailed?.(reservation, error);
-        },
-      );
+      const done = Promise.resolve(within)
+        .then((statements) => deps.ledger.captureWith(reservation, { items }, statements))
+        .then(
+          () => undefined,
+          async (error: unknown) => {
+            await deps.ledger.release(reservation.id).catch(() => undefined);
+            await undo?.().catch(() => undefined);
+            deps.detachedFailed?.(reservation, error);
+          },
+        );
       let pending = detached.get(accountId);
       if (!pending) {
         pending = new Set();

@@ -9,7 +9,8 @@
  *            same one), failing over to the next backend when one fails before producing anything.
  *   settle:  capture the real cost (prompt, cache reads and writes, output, searches, scrapes) as CHARGE
  *            entries with the request and model ids, release the rest, and count the tokens per minute in
- *            the same transaction; the answer does not wait for it (its amounts are known beforehand).
+ *            the same transaction; its amounts are known beforehand, so the answer waits for it only when
+ *            other requests are in flight (Charges.captureDetached).
  */
 import { createHash } from 'node:crypto';
 import type { ChatCompletionRequest } from '../../../generated/api.d.ts';
@@ -451,11 +452,9 @@ export function createChatService(deps: ChatServiceDeps) {
         cacheCreationTokens: 0,
       };
       // A count that cannot be made (its tier unknown) is skipped, as a failed count never fails the capture.
-      const count = deps.tokenCount
-        ? deps
-            .tokenCount(prepared.principal, prepared.model.id, final.promptTokens + final.completionTokens)
-            .catch(() => undefined)
-        : undefined;
+      const count = deps
+        .tokenCount?.(prepared.principal, prepared.model.id, final.promptTokens + final.completionTokens)
+        .catch(() => undefined);
       const capture = deps.charges.captureDetached(
         prepared.reservation,
         chargeItems(prepared.model, final, prepared.extras),
