@@ -410,7 +410,8 @@ export function captureAmounts(
   input: CaptureInput,
 ): Omit<CaptureResult, 'entries'> {
   // The amounts only: the items' stored text (units, prices, details) is the capture's own work.
-  input.items.forEach((item, index) => assertAmount(`items[${index}].amountNano`, item.amountNano));
+  for (const [index, item] of input.items.entries())
+    assertAmount(`items[${index}].amountNano`, item.amountNano);
   return amountsOf(splitCharge(input.items, reservation.usdNano, reservation.diemNano));
 }
 
