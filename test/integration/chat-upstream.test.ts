@@ -200,8 +200,12 @@ async function readContentFrames(
   }
 }
 
-const chargesOf = async (server: ChatServer, accountId: string) =>
-  (await server.services.ledger.listEntries(accountId, { limit: 1000 })).filter((e) => e.type === 'CHARGE');
+/** The account's CHARGE entries, once the captures the answers did not wait for are in. */
+async function chargesOf(server: ChatServer, accountId: string) {
+  await server.services.charges.idle();
+  const entries = await server.services.ledger.listEntries(accountId, { limit: 1000 });
+  return entries.filter((e) => e.type === 'CHARGE');
+}
 
 describe('against a second instance of the server', () => {
   test('behavior: the answer, usage and cost match the second instance answering directly; the key is sent', async () => {

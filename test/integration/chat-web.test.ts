@@ -104,10 +104,13 @@ async function stream(body: Record<string, unknown>) {
 
 const text = (a: ChatCompletion) =>
   (a.choices?.[0]?.message as { content?: string } | undefined)?.content ?? '';
-const skus = async (requestId: string | null) =>
-  (await server.services.ledger.listEntries(accountId, { limit: 1000 }))
+/** The skus charged for a request, once the captures the answers did not wait for are in. */
+async function skus(requestId: string | null) {
+  await server.services.charges.idle();
+  return (await server.services.ledger.listEntries(accountId, { limit: 1000 }))
     .filter((e) => e.type === 'CHARGE' && e.requestId === requestId)
     .map((e) => e.sku);
+}
 
 describe('web search', () => {
   test('behavior: on searches, gives the model the sources, echoes them and charges the search; off does not', async () => {
@@ -214,6 +217,7 @@ describe('web scraping', () => {
     expect(searches).toEqual([]);
     expect(scraped.json.service_parameters?.enable_web_scraping).toBe(true);
     expect(scraped.json.usage.prompt_tokens).toBeGreaterThan(plain.json.usage.prompt_tokens + 100);
+    await server.services.charges.idle();
     const entries = (await server.services.ledger.listEntries(accountId, { limit: 1000 })).filter(
       (e) => e.requestId === scraped.response.headers.get('cf-ray') && e.sku === 'chat.web_scraping',
     );

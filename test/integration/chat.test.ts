@@ -65,7 +65,9 @@ async function streamed(key: string, body: Record<string, unknown>) {
 
 const usdToNano = (usd: number) => parseUsdToNano(usd.toFixed(9).replace(/\.?0+$/, '') || '0');
 
+/** The account's CHARGE entries, once the captures the answers did not wait for are in. */
 async function charges(accountId: string) {
+  await server.services.charges.idle();
   const entries = await server.services.ledger.listEntries(accountId, { limit: 1000 });
   return entries.filter((e) => e.type === 'CHARGE');
 }
@@ -298,6 +300,8 @@ describe('billing', () => {
     expect(ok.length + refused.length).toBe(50);
     expect(ok.length).toBeGreaterThanOrEqual(10);
     expect(refused.length).toBeGreaterThan(0);
+    // The last answers may have been written while their captures commit: read the ledger once they are done.
+    await server.services.charges.idle();
     const balance = await server.services.ledger.getBalance(accountId);
     expect(balance.usdNano).toBeGreaterThanOrEqual(0n);
     expect(balance.usdReservedNano).toBe(0n);
@@ -370,6 +374,8 @@ describe('billing on PostgreSQL', () => {
       const odd = results.filter((r) => ![200, 402, 503].includes(r.status));
       expect(odd.map((r) => [r.status, JSON.stringify(r.json)])).toEqual([]);
       expect(ok.length).toBeGreaterThanOrEqual(10);
+      // The last answers may have been written while their captures commit: read the ledger once they are done.
+      await pg.services.charges.idle();
       const balance = await pg.services.ledger.getBalance(accountId);
       expect(balance.usdNano).toBeGreaterThanOrEqual(0n);
       expect(balance.usdReservedNano).toBe(0n);

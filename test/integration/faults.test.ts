@@ -17,7 +17,7 @@ import { createDatabase, type Database } from '../../server/storage/database.ts'
 import { createLedger } from '../../server/storage/ledger.ts';
 import { migrate } from '../../server/storage/migrations.ts';
 import { repoRoot } from '../support/contract.ts';
-import { checkInvariants } from '../support/invariants.ts';
+import { checkInvariants, checkSettledInvariants } from '../support/invariants.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
 import { isAlive } from '../support/process.ts';
 import { type RpcStandIn, startRpcStandIn } from '../support/rpc-upstream.ts';
@@ -254,7 +254,7 @@ describe('faults: the database and the process', () => {
     const outcomes = await after.stop();
     expect(outcomes.filter((o) => !isOk(o))).toEqual([]);
 
-    const report = await checkInvariants(database);
+    const report = await checkSettledInvariants(database);
     expect(report.violations).toEqual([]);
     expect(report.reservations.held).toBe(0);
     expect(report.reservations.expired).toBe(orphaned);

@@ -100,7 +100,11 @@ async function post(network: string, body: unknown, headers: Record<string, stri
   return { status: response.status, headers: response.headers, text, json: JSON.parse(text) as unknown };
 }
 
-const balance = async () => (await server.services.ledger.getBalance(server.accountId)).usdNano;
+/** The account's balance once the captures the answers did not wait for are in. */
+const balance = async () => {
+  await server.services.charges.idle();
+  return (await server.services.ledger.getBalance(server.accountId)).usdNano;
+};
 
 /** viem over the proxy; `seen` collects the proxy's response headers. */
 function viemClient(network: string, options: { batch?: boolean } = {}) {

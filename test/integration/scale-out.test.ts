@@ -4,7 +4,7 @@
  * the RPC per-minute cap, a model's requests-per-minute limit, concurrent charges against a small balance,
  * idempotent replays and in-flight duplicates, a Sign-In-With-X nonce, video jobs (each worked once), and an
  * x402 payment sent to two instances (credited once, on a real EVM node). Every test ends with the money
- * invariants (`checkInvariants`) on the shared database.
+ * invariants (`checkSettledInvariants`) on the shared database.
  */
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -21,7 +21,7 @@ import { migrate } from '../../server/storage/migrations.ts';
 import { createVideoJobs } from '../../server/storage/video-jobs.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
 import { repoRoot } from '../support/contract.ts';
-import { checkInvariants } from '../support/invariants.ts';
+import { checkSettledInvariants } from '../support/invariants.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
 import { type RpcStandIn, startRpcStandIn } from '../support/rpc-upstream.ts';
 import { type ServerProcess, startServerProcess, stopServerProcesses } from '../support/server-process.ts';
@@ -154,7 +154,7 @@ async function awayFromMinuteEdge() {
 }
 
 async function expectSound() {
-  const report = await checkInvariants(database);
+  const report = await checkSettledInvariants(database);
   expect(report.violations).toEqual([]);
   return report;
 }
@@ -197,10 +197,11 @@ describe('three server processes on one PostgreSQL', () => {
     const refused = results.filter((r) => r.status === 402);
     expect(refused).toHaveLength(20);
     for (const r of refused) expect(r.json).toMatchObject({ code: 'INSUFFICIENT_BALANCE' });
+    // Sound once the captures the last answers did not wait for are in (expectSound waits for them).
+    await expectSound();
     const balance = await createLedger(database).getBalance(spender.accountId);
     expect(balance.usdNano).toBe(0n);
     expect(balance.usdReservedNano).toBe(0n);
-    await expectSound();
   });
 
   test('behavior: an idempotent replay and an in-flight duplicate are recognised from another instance', async () => {
@@ -238,11 +239,11 @@ describe('three server processes on one PostgreSQL', () => {
     expect(after.headers.get('idempotent-replayed')).toBe('true');
     // Two calls reached the node and two were charged, whatever the number of copies sent.
     expect(solana.requests.length).toBe(before + 2);
+    await expectSound();
     const charges = (await createLedger(database).listEntries(caller.accountId)).filter(
       (e) => e.type === 'CHARGE',
     );
     expect(charges).toHaveLength(2);
-    await expectSound();
   });
 
   test('behavior: one Sign-In-With-X message sent 9 times over 3 instances is accepted exactly once', async () => {
