@@ -221,7 +221,8 @@ describe('POST /crypto/rpc/{network} with viem against anvil', () => {
       maxPriorityFeePerGas: fees.maxPriorityFeePerGas,
     });
     const hash = await client.sendRawTransaction({ serializedTransaction });
-    const receipt = await client.getTransactionReceipt({ hash });
+    // anvil answers eth_sendRawTransaction before its automine has written the block: poll as a client does.
+    const receipt = await client.waitForTransactionReceipt({ hash, pollingInterval: 20 });
     expect(receipt.status).toBe('success');
     expect(await client.getBalance({ address: recipient })).toBe(recipientBefore + parseEther('1.5'));
   });
