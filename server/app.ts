@@ -18,14 +18,7 @@ import type { Logger } from 'pino';
 import type { Config } from './config.ts';
 import { coerceMultipartFields } from './domains/audio/multipart-fields.ts';
 import { type AuthPorts, type Principal, resolvePrincipal } from './http/auth.ts';
-import type {
-  Handler,
-  HandlerContext,
-  HandlerTable,
-  Reply,
-  ReplyHeaders,
-  RequestAdmission,
-} from './http/contract.ts';
+import type { Handler, HandlerContext, HandlerTable, Reply, ReplyHeaders } from './http/contract.ts';
 import { ApiError, toValidationDetails } from './http/errors.ts';
 import { refuseNonFiniteParameters } from './http/finite-numbers.ts';
 import type { InFlight } from './http/in-flight.ts';
@@ -50,14 +43,9 @@ export type AppDeps = {
   readiness(): Promise<void>;
   /**
    * Admission of an authenticated request after validation (rate limits): returns headers to send, or throws
-   * the ApiError to answer with (429). `deferred`: the count left for the handler's reservation to make
-   * (HandlerContext.admission), settled once the handler is done.
+   * the ApiError to answer with (429).
    */
-  admit?(input: {
-    operationId: OperationId;
-    principal: Principal;
-    body: unknown;
-  }): Promise<{ headers: ReplyHeaders; deferred?: RequestAdmission }>;
+  admit?(input: { operationId: OperationId; principal: Principal; body: unknown }): Promise<ReplyHeaders>;
   /** Routes outside the contract and its base path (pre-signed media links), mounted before authentication. */
   mountRoutes?(app: express.Express): void;
   /**
@@ -81,11 +69,6 @@ export type AppDeps = {
    */
   answerHeaders?(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders>;
 };
-
-/** The admission of a request without a caller (or without admission at all): nothing to count. */
-const NOTHING_TO_ADMIT = Promise.resolve<{ headers: ReplyHeaders; deferred?: RequestAdmission }>({
-  headers: {},
-});
 
 /** Names of the x402 payment header; only the top-up operation reads them. */
 const PAYMENT_HEADERS = ['payment-signature', 'x-payment', 'x-402-payment'];
@@ -332,24 +315,15 @@ export function createApp(deps: AppDeps): express.Express {
       if (release) res.on('close', release);
       return deps.admit && principal
         ? deps.admit({ operationId, principal, body: req.body })
-        : NOTHING_TO_ADMIT;
+        : Promise.resolve<ReplyHeaders>({});
     });
     admitted
-      .then(async ({ headers, deferred }) => {
+      .then(async (headers) => {
         for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
-        if (deferred) ctx.admission = deferred;
         let reply: Reply<OperationId>;
         try {
           reply = await handler(ctx);
         } finally {
-          if (deferred) {
-            // The count the reservation made, or (never reserved) the count made now: its headers.
-            const counted = await deferred.settle().catch((error: unknown) => {
-              locals.log.warn({ err: error }, 'rate-limit count after the handler failed');
-              return {};
-            });
-            for (const [name, value] of Object.entries(counted)) res.setHeader(name, value);
-          }
           if (deps.answerHeaders && principal) {
             const answer = await deps.answerHeaders({ operationId, principal });
             for (const [name, value] of Object.entries(answer)) res.setHeader(name, value);

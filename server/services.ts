@@ -333,25 +333,24 @@ export async function createServices(
       await wallet.admitWallet(operationId, principal);
       const requested = (body as { model?: unknown } | undefined)?.model;
       const model = typeof requested === 'string' ? requested : undefined;
+      // The JSON-RPC proxy has its own per-minute and credit caps.
+      const limits =
+        operationId === 'callCryptoRpc'
+          ? {}
+          : (
+              await limiter.admit(
+                principal,
+                await tierOf(principal.accountId),
+                // Polling a video job and cleaning it up are free: they count against the general
+                // per-minute budget, not the model's (40 queued jobs a minute would allow little polling).
+                operationId === 'retrieveVideo' || operationId === 'completeVideo' ? undefined : model,
+              )
+            ).headers;
       // Inference answers carry the model's deprecation notices.
       const resolved =
         model && inferenceOperations.has(operationId) ? catalog.resolveModel(model) : undefined;
-      const notices = resolved ? catalog.deprecationHeaders(resolved.remappedFrom ?? resolved.model) : {};
-      // The JSON-RPC proxy has its own per-minute and credit caps.
-      if (operationId === 'callCryptoRpc') return { headers: notices };
-      const tier = await tierOf(principal.accountId);
-      // On PostgreSQL a chat is counted against its model's limits by its reservation's round trip.
-      const deferred =
-        operationId === 'createChatCompletion' ? limiter.defer(principal, tier, model) : undefined;
-      if (deferred) return { headers: notices, deferred };
-      const limits = await limiter.admit(
-        principal,
-        tier,
-        // Polling a video job and cleaning it up are free: they count against the general per-minute budget,
-        // not the model's (40 queued jobs a minute would allow little polling).
-        operationId === 'retrieveVideo' || operationId === 'completeVideo' ? undefined : model,
-      );
-      return { headers: { ...limits.headers, ...notices } };
+      if (!resolved) return limits;
+      return { ...limits, ...catalog.deprecationHeaders(resolved.remappedFrom ?? resolved.model) };
     },
     answerHeaders: ({ operationId, principal }) =>
       inferenceOperations.has(operationId) ? balanceHeaders(principal) : Promise.resolve({}),

@@ -6,7 +6,6 @@
 import type { IncomingHttpHeaders, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
 import type { operations } from '../../generated/api.d.ts';
-import type { AdmissionAlong } from '../domains/billing/charges.ts';
 import type { Principal } from './auth.ts';
 import type { OperationId } from './spec.ts';
 
@@ -75,18 +74,7 @@ export type HandlerContext<K extends OperationId> = {
   files?: readonly UploadedFile[];
   /** Adds response headers (for example balance headers computed before the work). */
   setHeader(name: string, value: string | number): void;
-  /**
-   * The request's rate-limit count when its reservation is to make it (Charges.reserve's `admission`): what
-   * the handler's reservation is given. Undefined when the request was counted before the handler.
-   */
-  admission?: RequestAdmission;
 };
-
-/**
- * A request's admission left for its reservation to make (the limits domain's DeferredAdmission): `settle`,
- * once the handler is done, counts a request that never reserved and gives the `x-ratelimit-*` headers.
- */
-export type RequestAdmission = AdmissionAlong<unknown> & { settle(): Promise<ReplyHeaders> };
 
 /** A file of a multipart request, held in memory (the validator's upload limits apply). */
 export type UploadedFile = {

@@ -177,11 +177,7 @@ export type CaptureWithin<T> = ((trx: Transaction<Tables>) => Promise<T>) & { em
  * refuses, nothing is written and the transaction runs the function, which works out the refusal.
  */
 export type ReserveWithin<T> = ((trx: Transaction<Tables>) => Promise<T>) & {
-  /**
-   * `result` is what the function would return; or `read` makes it of the rows the writes returned (one list
-   * per write, in order).
-   */
-  embedded?: { writes: EmbeddedWrite[] } & ({ result: T } | { read(written: unknown[][]): T });
+  embedded?: { writes: EmbeddedWrite[]; result: T };
 };
 export type CaptureResult = {
   entries: LedgerEntry[];
@@ -260,21 +256,11 @@ type NewEntry = Required<Insertable<LedgerEntriesTable>>;
 /** A one-statement capture that did not capture, and wrote nothing (see captureAtOnce). */
 class NotAtOnce extends Error {}
 
-/** The row of reserveAtOnce's statement: the balance the hold found, and what each of the caller's writes returned. */
-type HoldRow = { usd_balance_nano: bigint } & { [written: `written_${number}`]: unknown };
-
 /**
  * The parts of reserveAtOnce's statement that differ with the caller's writes. Without them the reservation
  * selects from the hold: no hold, no row, nothing written.
  */
-const UNGUARDED = {
-  ctes: sql``,
-  guard: sql``,
-  account: sql`held.id`,
-  source: sql`held`,
-  written: sql``,
-  count: 0,
-};
+const UNGUARDED = { ctes: sql``, guard: sql``, account: sql`held.id`, source: sql`held` };
 
 /**
  * With them: the writes as CTEs, each guarded by the one before (the first by a one-row start), the hold by
@@ -282,12 +268,10 @@ const UNGUARDED = {
  */
 function guardedBy(writes: EmbeddedWrite[]): typeof UNGUARDED {
   let ctes = sql``;
-  let written = sql``;
   let last = sql`(select 1) as go`;
   for (const [i, write] of writes.entries()) {
     const name = sql.raw(`admitted_${i}`);
     ctes = sql`${ctes}${name} as (${write(last)}), `;
-    written = sql`${written}, (select coalesce(json_agg(w), '[]') from ${name} as w) as ${sql.raw(`written_${i}`)}`;
     last = name;
   }
   return {
@@ -295,8 +279,6 @@ function guardedBy(writes: EmbeddedWrite[]): typeof UNGUARDED {
     guard: sql` and exists (select 1 from ${last})`,
     account: sql`(select id from held)`,
     source: sql`(select 1) as one`,
-    written,
-    count: writes.length,
   };
 }
 
@@ -1008,7 +990,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     apiKeyId: string | null,
     at: number,
     writes?: EmbeddedWrite[],
-  ): Promise<(ReserveResult & { written: unknown[][] }) | undefined> {
+  ): Promise<ReserveResult | undefined> {
     const reservation = heldReservation(input, apiKeyId, input.amountNano, 0n, at);
     const amount = sql`cast(${reservation.usdNano} as bigint)`;
     // A key believed to have a spend limit: the limit checked in the statement, which must then start after
@@ -1022,7 +1004,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
           : sql`exists (select 1 from api_keys where id = ${apiKeyId} and account_id = ${reservation.accountId}
               and limit_usd_nano is null and limit_diem_nano is null)`;
     const shape = writes?.length ? guardedBy(writes) : UNGUARDED;
-    const hold = sql<HoldRow>`with ${shape.ctes}held as (
+    const hold = sql<{ usd_balance_nano: bigint }>`with ${shape.ctes}held as (
         update accounts set usd_reserved_nano = usd_reserved_nano + ${amount}
         where id = ${reservation.accountId} and diem_stake_nano = 0
           and usd_balance_nano - usd_reserved_nano >= ${amount} and ${keyCondition}${shape.guard}
@@ -1035,21 +1017,21 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
         cast(${reservation.expiresAtMs} as bigint), null
       from ${shape.source}
       returning id)
-      select (select usd_balance_nano from held) as usd_balance_nano${shape.written} from reserved`;
-    // The balance the hold found; without a DIEM stake (a condition of the hold) no allowance is left. And
-    // the rows each of the caller's writes returned (pg reads the json_agg of each).
-    const held = (row: HoldRow) => ({
+      select (select usd_balance_nano from held) as usd_balance_nano from reserved`;
+    // The balance the hold found; without a DIEM stake (a condition of the hold) no allowance is left.
+    const held = (row: { usd_balance_nano: bigint }) => ({
       reservation,
       before: { usdNano: row.usd_balance_nano, diemNano: 0n },
-      written: Array.from({ length: shape.count }, (_, i) => (row[`written_${i}`] ?? []) as unknown[]),
     });
     if (shape === UNGUARDED && !limited) {
       const [row] = (await hold.execute(db)).rows;
       return row && held(row);
     }
     const lock = sql`select 1 from accounts where id = ${reservation.accountId} for update`;
-    const script = sql.raw<HoldRow>(`${withLiterals(lock.compile(db))};\n${withLiterals(hold.compile(db))}`);
-    let rows: HoldRow[];
+    const script = sql.raw<{ usd_balance_nano: bigint }>(
+      `${withLiterals(lock.compile(db))};\n${withLiterals(hold.compile(db))}`,
+    );
+    let rows: { usd_balance_nano: bigint }[];
     try {
       ({ rows } = await script.execute(db));
     } catch (error) {
@@ -1292,13 +1274,8 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     const epochDay = epochDayOf(at);
     const apiKeyId = input.apiKeyId ?? null;
     if (dialect === 'postgres' && (!within || within.embedded)) {
-      const embedded = within?.embedded;
-      const reserved = await reserveAtOnce(input, apiKeyId, at, embedded?.writes);
-      if (reserved) {
-        const { written, ...result } = reserved;
-        if (!embedded) return { ...result, within: undefined };
-        return { ...result, within: 'read' in embedded ? embedded.read(written) : embedded.result };
-      }
+      const reserved = await reserveAtOnce(input, apiKeyId, at, within?.embedded?.writes);
+      if (reserved) return { ...reserved, within: within?.embedded?.result };
     }
     return database.transaction(async (trx) => {
       // One statement: the account row, locked, with the limits of the key (when one is charged).

@@ -219,37 +219,6 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       .returning('used'),
   );
 
-  /**
-   * An admission's windows, checked, in one order (by bucket) for every admission: concurrent statements lock
-   * their rows in the same order.
-   */
-  function planAdmit(input: AdmitInput) {
-    const at = input.now ?? now();
-    const windows = input.windows.map((window) => {
-      const windowMs = positiveInteger('windowMs', window.windowMs);
-      const limit = positiveInteger('limit', window.limit, true);
-      const cost = window.peek ? 0 : positiveInteger('cost', window.cost ?? 1, true);
-      const { start, resetAtMs } = windowOf(windowMs, at);
-      // A peek needs room for one unit; a hit, room for its cost.
-      return { bucket: window.bucket, start, resetAtMs, limit, cost, cap: window.peek ? limit - 1 : limit };
-    });
-    if (new Set(windows.map((w) => w.bucket)).size !== windows.length)
-      throw new InvalidInputError('windows', 'windows must name distinct buckets');
-    return windows;
-  }
-  type PlannedWindow = ReturnType<typeof planAdmit>[number];
-  const inLockOrder = (windows: PlannedWindow[]) =>
-    [...windows].sort((a, b) => (a.bucket < b.bucket ? -1 : a.bucket > b.bucket ? 1 : 0));
-  const countValues = (windows: PlannedWindow[]) =>
-    inLockOrder(windows).flatMap((w) => [w.bucket, w.start, w.cost, w.cap]);
-  const admitted = (window: PlannedWindow, used: number, allowed: boolean): HitResult => ({
-    allowed,
-    used,
-    remaining: Math.max(0, window.limit - used),
-    limit: window.limit,
-    resetAtMs: window.resetAtMs,
-  });
-
   return {
     /**
      * Counts `cost` units against the bucket's current window if they fit under `limit` (see the module
@@ -293,97 +262,60 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
 
     /**
      * Counts one request in all its windows at once, or in none (see the module comment): one statement
-     * when every window admits it. With `runner`, a transaction of the caller's, the count is a statement of it
-     * and a refusal takes nothing back: the caller rolls the transaction back when `allowed` is false (that
-     * undoes the windows this statement did count), and the figures answered are those after the rollback.
+     * when every window admits it.
      */
-    async admit(input: AdmitInput, runner?: StatementRunner): Promise<AdmitResult> {
-      const windows = planAdmit(input);
-      const reader = runner ?? db;
+    async admit(input: AdmitInput): Promise<AdmitResult> {
+      const at = input.now ?? now();
+      const windows = input.windows.map((window) => {
+        const windowMs = positiveInteger('windowMs', window.windowMs);
+        const limit = positiveInteger('limit', window.limit, true);
+        const cost = window.peek ? 0 : positiveInteger('cost', window.cost ?? 1, true);
+        const { start, resetAtMs } = windowOf(windowMs, at);
+        // A peek needs room for one unit; a hit, room for its cost.
+        return { bucket: window.bucket, start, resetAtMs, limit, cost, cap: window.peek ? limit - 1 : limit };
+      });
+      if (new Set(windows.map((w) => w.bucket)).size !== windows.length)
+        throw new InvalidInputError('windows', 'windows must name distinct buckets');
+      const result = (window: (typeof windows)[number], used: number, allowed: boolean): HitResult => ({
+        allowed,
+        used,
+        remaining: Math.max(0, window.limit - used),
+        limit: window.limit,
+        resetAtMs: window.resetAtMs,
+      });
       // Nothing can fit in some window: answer without writing (an insert would count unconditionally).
       if (windows.some((w) => w.cost > w.cap)) {
         const results = [];
         for (const window of windows) {
-          const used = await current(window.bucket, window.start, reader);
-          results.push(admitted(window, used, used + window.cost <= window.cap));
+          const used = await current(window.bucket, window.start);
+          results.push(result(window, used, used + window.cost <= window.cap));
         }
         return { allowed: false, windows: results };
       }
       if (windows.length === 0) return { allowed: true, windows: [] };
-      const values = countValues(windows);
-      // On its own on SQLite: in the commit group under way, if any (under load its commit is shared).
-      const rows = runner
-        ? await countAll(windows.length)(runner, ...values)
-        : await database.write((writer) => countAll(windows.length)(writer, ...values));
+      // Rows in one order (by bucket) for every admission: concurrent statements lock them in the same order.
+      const ordered = [...windows].sort((a, b) => (a.bucket < b.bucket ? -1 : a.bucket > b.bucket ? 1 : 0));
+      // On SQLite in the commit group under way, if any: under load its commit is shared.
+      const values = ordered.flatMap((w) => [w.bucket, w.start, w.cost, w.cap]);
+      const rows = await database.write((runner) => countAll(ordered.length)(runner, ...values));
       const counted = new Map(rows.map((row) => [row.bucket, toNumber(row.used)]));
       if (counted.size === windows.length)
-        return { allowed: true, windows: windows.map((w) => admitted(w, counted.get(w.bucket) ?? 0, true)) };
-      // Refused: on its own, take the request out of the windows that counted it, one row at a time (no lock
-      // waits on a second row while one is held); in the caller's transaction its rollback does.
+        return { allowed: true, windows: windows.map((w) => result(w, counted.get(w.bucket) ?? 0, true)) };
+      // Refused: take the request out of the windows that counted it, one row at a time (no lock waits on
+      // a second row while one is held).
       const results = [];
       for (const window of windows) {
         const used = counted.get(window.bucket);
         if (used === undefined) {
-          results.push(admitted(window, await current(window.bucket, window.start, reader), false));
+          results.push(result(window, await current(window.bucket, window.start), false));
         } else if (window.cost === 0) {
-          results.push(admitted(window, used, true));
-        } else if (runner) {
-          results.push(admitted(window, used - window.cost, true));
+          results.push(result(window, used, true));
         } else {
           const [row] = await uncount(db, window.bucket, window.start, window.cost);
-          results.push(admitted(window, row ? toNumber(row.used) : used - window.cost, true));
+          results.push(result(window, row ? toNumber(row.used) : used - window.cost, true));
         }
       }
       return { allowed: false, windows: results };
-    },
-
-    /**
-     * `admit` as writes embedded in another repository's statement (PostgreSQL; see EmbeddedWrite): the count
-     * in every window, then a step that has its row only when every window counted it, so that what the
-     * statement writes next is guarded by the whole admission. `read` makes the admission's result of what
-     * these writes returned (one list per write: the count's rows of bucket and used, then the step's). Undefined on SQLite, without windows, and when some window cannot
-     * fit (`admit` answers those without writing). What it does not give are the figures of a refusal: the
-     * statement is undone, and the caller works them out by running `admit` (see LedgerRepository.reserveWith).
-     */
-    admitAlong(
-      input: AdmitInput,
-    ): { writes: EmbeddedWrite[]; read(written: readonly unknown[][]): AdmitResult } | undefined {
-      if (database.dialect !== 'postgres') return undefined;
-      const windows = planAdmit(input);
-      if (windows.length === 0 || windows.some((w) => w.cost > w.cap)) return undefined;
-      const rows = sql.join(
-        inLockOrder(windows).map(
-          (w) => sql`(cast(${w.bucket} as text), cast(${w.start} as bigint), cast(${w.cost} as bigint))`,
-        ),
-      );
-      const caps = sql.join(
-        windows.map((w) => sql`when ${w.bucket} then cast(${w.cap} as bigint)`),
-        sql` `,
-      );
-      const count: EmbeddedWrite = (
-        guard,
-      ) => sql`insert into rate_limit_counters (bucket, window_start_ms, used)
-        select v.bucket, v.window_start_ms, v.used from (values ${rows}) as v (bucket, window_start_ms, used),
-          ${guard}
-        on conflict (bucket, window_start_ms) do update set used = rate_limit_counters.used + excluded.used
-        where rate_limit_counters.used + excluded.used <= case excluded.bucket ${caps} end
-        returning bucket, used`;
-      const all: EmbeddedWrite = (counted) =>
-        sql`select 1 as admitted from (select count(*) as n from ${counted}) as counted
-          where counted.n = ${sql.lit(windows.length)}`;
-      return {
-        writes: [count, all],
-        read(written) {
-          // The rows of the count (the step after it has one row, with nothing to read).
-          const used = new Map(
-            ((written[0] ?? []) as { bucket: string; used: number | string }[]).map((row) => [
-              row.bucket,
-              toNumber(row.used),
-            ]),
-          );
-          return { allowed: true, windows: windows.map((w) => admitted(w, used.get(w.bucket) ?? 0, true)) };
-        },
-      };
     },
 
     /** The bucket's current window without counting anything (for `x-ratelimit-*` headers and status pages). */

@@ -77,24 +77,8 @@ export function paymentError(error: unknown): ApiError | undefined {
 
 export type Charges = ReturnType<typeof createCharges>;
 
-/**
- * A request's admission (its rate-limit count), made by its reservation as statements of the same transaction
- * (the limits domain's DeferredAdmission): `within` while it is still to be made; `admitted` with its result
- * once the reservation is; `refused` turns what `within` threw, after the rollback, into the answer.
- */
-export type AdmissionAlong<T> = {
-  readonly within: ReserveWithin<T> | undefined;
-  admitted(result: T): void;
-  refused(error: unknown): Promise<unknown>;
-};
-
-/** What a caller holds money for; with the request's admission when its reservation makes it. */
-type HoldInput = {
-  amountNano: bigint;
-  requestId: string;
-  modelId?: string | null;
-  admission?: AdmissionAlong<unknown> | undefined;
-};
+/** What a caller holds money for. */
+type HoldInput = { amountNano: bigint; requestId: string; modelId?: string | null };
 
 export function createCharges(deps: ChargesDeps) {
   /** The detached captures under way, by account (see captureDetached). */
@@ -134,29 +118,9 @@ export function createCharges(deps: ChargesDeps) {
   }
 
   return {
-    /**
-     * Reserves `amountNano` for the caller, or throws the 402 to answer with. With an admission still to be
-     * made (`input.admission`), the reservation makes it in its transaction: a refusal is its answer (the
-     * 429), and nothing is held or counted.
-     */
+    /** Reserves `amountNano` for the caller, or throws the 402 to answer with. */
     async reserve(principal: Principal, input: HoldInput): Promise<Reservation> {
-      const admission = input.admission;
-      const within = admission?.within;
-      if (!admission || !within)
-        return (await held(principal, input, deps.ledger.reserve(reserveInput(principal, input))))
-          .reservation;
-      let reserved: ReserveResult & { within: unknown };
-      try {
-        reserved = await held(
-          principal,
-          input,
-          deps.ledger.reserveWith(reserveInput(principal, input), within),
-        );
-      } catch (error) {
-        throw await admission.refused(error);
-      }
-      admission.admitted(reserved.within);
-      return reserved.reservation;
+      return (await held(principal, input, deps.ledger.reserve(reserveInput(principal, input)))).reservation;
     },
 
     /** Charges what was used (never more than reserved) and releases the rest. */

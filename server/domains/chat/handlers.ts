@@ -515,7 +515,6 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
         principal,
         requestId: ctx.requestId,
         signal: ctx.signal,
-        admission: ctx.admission,
       });
       return body.stream ? stream(ctx, prepared) : complete(ctx, prepared);
     })();

@@ -32,7 +32,7 @@ import {
 } from '../../providers/chat/types.ts';
 import type { SearchProvider, SearchResult } from '../../providers/search/types.ts';
 import type { Reservation } from '../../storage/ledger.ts';
-import type { AdmissionAlong, Charges } from '../billing/charges.ts';
+import type { Charges } from '../billing/charges.ts';
 import { AT_CAPACITY_MESSAGE, createSlots } from '../concurrency.ts';
 import type { TokenCount } from '../limits/rate-limiter.ts';
 import { providerApiError } from '../provider-errors.ts';
@@ -213,7 +213,6 @@ export function createChatService(deps: ChatServiceDeps) {
       n: number;
       extras: Extras;
       fixedBound: boolean;
-      admission: AdmissionAlong<unknown> | undefined;
     },
   ): Promise<{ reservation: Reservation; maxTokens: number }> {
     let maxTokens = input.maxTokens;
@@ -228,7 +227,6 @@ export function createChatService(deps: ChatServiceDeps) {
           amountNano,
           requestId: input.requestId,
           modelId: model.id,
-          admission: input.admission,
         });
         return { reservation, maxTokens };
       } catch (error) {
@@ -254,8 +252,6 @@ export function createChatService(deps: ChatServiceDeps) {
       principal: Principal;
       requestId: string;
       signal?: AbortSignal;
-      /** The request's rate-limit count, for its reservation to make (HandlerContext.admission). */
-      admission?: AdmissionAlong<unknown> | undefined;
     }): Promise<PreparedChat> {
       const { body, principal } = input;
       const resolved = deps.catalog.resolveModel(body.model, 'text');
@@ -361,7 +357,6 @@ export function createChatService(deps: ChatServiceDeps) {
           n,
           extras: worstExtras,
           fixedBound: asked !== undefined,
-          admission: input.admission,
         });
         let searchResults: SearchResult[] | undefined;
         let context: string | undefined;

@@ -10,16 +10,12 @@ import type { Principal } from '../../http/auth.ts';
 import type { ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
 import type { EmbeddedWrite, StatementRunner } from '../../storage/internal.ts';
-import type { ReserveWithin } from '../../storage/ledger.ts';
 import type {
-  AdmitInput,
-  AdmitResult,
   AdmitWindow,
   HitResult,
   RateLimitsRepository,
   RateLimitType,
 } from '../../storage/rate-limits.ts';
-import type { AdmissionAlong } from '../billing/charges.ts';
 
 const MINUTE = 60_000;
 const DAY = 86_400_000;
@@ -33,34 +29,6 @@ export type RateLimiterDeps = {
 };
 
 export type Admission = { headers: ReplyHeaders };
-
-/** What the reservation's count found: the admission and when it was made. */
-type Counted = { admission: AdmitResult; at: number };
-
-/** A count refused in the reservation's transaction: thrown to roll it back, answered as the 429 after. */
-class RateLimitRefusal extends Error {
-  constructor(
-    readonly admission: AdmitResult,
-    readonly at: number,
-  ) {
-    super('rate limit reached');
-  }
-}
-
-/**
- * A request's count against its model's rate limits, made by the request's reservation (Charges.reserve; it
- * implements the billing domain's AdmissionAlong): on PostgreSQL, writes of the reservation's one round trip,
- * so that admitting and holding the money cost one round trip instead of two. When that round trip refuses,
- * the reservation's transaction runs `within` under the account's lock before the hold is decided, so a
- * request over its limit is refused 429 before its balance is looked at, as when it was counted first, with
- * nothing held; what the handler refuses before reserving (a 400, a 404) is answered before the count. The
- * request's `x-ratelimit-*` headers come from `settle`, once the handler is done: it counts on its own a
- * request that never reserved (a 402, an idempotent replay), so that every admitted request is counted once.
- */
-export type DeferredAdmission = AdmissionAlong<Counted> & {
-  /** The `x-ratelimit-*` headers, after counting the request on its own if its reservation did not. */
-  settle(): Promise<ReplyHeaders>;
-};
 
 const subjectOf = (p: Principal) => (p.kind === 'apiKey' ? `key:${p.keyId}` : `wallet:${p.accountId}`);
 const typeOf = (p: Principal) => (p.kind === 'apiKey' ? 'api_key' : 'user');
@@ -133,24 +101,38 @@ export function createRateLimiter(deps: RateLimiterDeps) {
     return count;
   }
 
-  /**
-   * What admits a request of the caller: its windows (per model when the request names a catalogue model with
-   * limits for the tier, otherwise the caller's management window), the headers of an admission, and the 429
-   * of a refusal (logged).
-   */
-  function planOf(principal: Principal, tier: string, requestedModel: string | undefined) {
-    const subject = subjectOf(principal);
-    const model = requestedModel ? deps.catalog.resolveModel(requestedModel)?.model : undefined;
-    const limits = model?.rateLimits[tier];
-    // Checked in this order, which is also the order of precedence when several refuse: the tokens (room
-    // left, counted after the request), the day's requests, the minute's requests. One statement counts
-    // the request in all of them, or in none when one refuses.
-    const windows: (AdmitWindow & { type: RateLimitType })[] = [];
-    if (!model || !limits) {
-      const limit = deps.managementRequestsPerMinute ?? 600;
-      windows.push({ type: 'RPM', bucket: `${subject}:manage:RPM`, windowMs: MINUTE, limit });
-    } else {
+  return {
+    /**
+     * Counts this request for the caller: per model when the request names a catalogue model, otherwise in
+     * the caller's management window. Throws 429 when a limit is reached; returns the `x-ratelimit-*` headers.
+     */
+    async admit(principal: Principal, tier: string, requestedModel: string | undefined): Promise<Admission> {
+      const at = now();
+      const subject = subjectOf(principal);
+      const model = requestedModel ? deps.catalog.resolveModel(requestedModel)?.model : undefined;
+      const limits = model?.rateLimits[tier];
+      if (!model || !limits) {
+        const limit = deps.managementRequestsPerMinute ?? 600;
+        const admission = await deps.rateLimits.admit({
+          windows: [{ bucket: `${subject}:manage:RPM`, windowMs: MINUTE, limit }],
+          now: at,
+        });
+        const [minute] = admission.windows as [HitResult];
+        if (!admission.allowed) throw await refuse(principal, null, tier, 'RPM', minute.resetAtMs);
+        return {
+          headers: {
+            'x-ratelimit-limit-requests': minute.limit,
+            'x-ratelimit-remaining-requests': minute.remaining,
+            'x-ratelimit-reset-requests': Math.ceil(minute.resetAtMs / 1000),
+            'x-ratelimit-type': typeOf(principal),
+          },
+        };
+      }
       const base = `${subject}:model:${model.id}`;
+      // Checked in this order, which is also the order of precedence when several refuse: the tokens (room
+      // left, counted after the request), the day's requests, the minute's requests. One statement counts
+      // the request in all of them, or in none when one refuses.
+      const windows: (AdmitWindow & { type: 'TPM' | 'RPD' | 'RPM' })[] = [];
       if (limits.tokensPerMinute)
         windows.push({
           type: 'TPM',
@@ -162,101 +144,26 @@ export function createRateLimiter(deps: RateLimiterDeps) {
       if (limits.requestsPerDay)
         windows.push({ type: 'RPD', bucket: `${base}:RPD`, windowMs: DAY, limit: limits.requestsPerDay });
       windows.push({ type: 'RPM', bucket: `${base}:RPM`, windowMs: MINUTE, limit: limits.requestsPerMinute });
-    }
-    const modelId = model && limits ? model.id : null;
-    return {
-      /** Whether the request counts against a model's limits (not the management window). */
-      modelId,
-      input: (): AdmitInput => ({ windows, now: now() }),
-      headers(admission: AdmitResult, at: number): ReplyHeaders {
-        const minute = admission.windows.at(-1) as HitResult;
-        const headers: ReplyHeaders = {
-          'x-ratelimit-limit-requests': minute.limit,
-          'x-ratelimit-remaining-requests': minute.remaining,
-          'x-ratelimit-reset-requests': Math.ceil(minute.resetAtMs / 1000),
-          'x-ratelimit-type': typeOf(principal),
-        };
-        const tokens = windows[0]?.type === 'TPM' ? admission.windows[0] : undefined;
-        if (tokens) {
-          headers['x-ratelimit-limit-tokens'] = tokens.limit;
-          headers['x-ratelimit-remaining-tokens'] = tokens.remaining;
-          headers['x-ratelimit-reset-tokens'] = Math.max(0, Math.ceil((tokens.resetAtMs - at) / 1000));
-        }
-        return headers;
-      },
-      refusal(admission: AdmitResult, at: number): Promise<ApiError> {
+      const admission = await deps.rateLimits.admit({ windows, now: at });
+      if (!admission.allowed) {
         const refused = admission.windows.findIndex((window) => !window.allowed);
         const type = windows[refused]?.type ?? 'RPM';
-        return refuse(principal, modelId, tier, type, admission.windows[refused]?.resetAtMs ?? at);
-      },
-    };
-  }
-
-  return {
-    /**
-     * Counts this request for the caller: per model when the request names a catalogue model, otherwise in
-     * the caller's management window. Throws 429 when a limit is reached; returns the `x-ratelimit-*` headers.
-     */
-    async admit(principal: Principal, tier: string, requestedModel: string | undefined): Promise<Admission> {
-      const plan = planOf(principal, tier, requestedModel);
-      const input = plan.input();
-      const at = input.now ?? now();
-      const admission = await deps.rateLimits.admit(input);
-      if (!admission.allowed) throw await plan.refusal(admission, at);
-      return { headers: plan.headers(admission, at) };
-    },
-
-    /**
-     * `admit` of a request against a model's limits, left for the request's reservation to make (Charges.reserve):
-     * on PostgreSQL a write of the reservation's one round trip. Undefined (the caller runs `admit`) on SQLite,
-     * for a request counted in the management window, and when some window cannot fit at all. See
-     * DeferredAdmission.
-     */
-    defer(
-      principal: Principal,
-      tier: string,
-      requestedModel: string | undefined,
-    ): DeferredAdmission | undefined {
-      const plan = planOf(principal, tier, requestedModel);
-      if (!plan.modelId) return undefined;
-      const input = plan.input();
-      const at = input.now ?? now();
-      // Only where the count rides the reservation's one round trip (PostgreSQL): on SQLite a statement costs
-      // no round trip, and a count of its own keeps more requests per commit group (measured: 5 to 7% more
-      // chats per second than the count in the reservation's transaction).
-      const along = deps.rateLimits.admitAlong(input);
-      if (!along) return undefined;
-      let headers: ReplyHeaders | undefined;
-      /** The count as the reservation's statements (refused: the transaction is rolled back). */
-      const within: ReserveWithin<Counted> = async (trx) => {
-        const admission = await deps.rateLimits.admit(input, trx);
-        if (!admission.allowed) throw new RateLimitRefusal(admission, at);
-        return { admission, at };
+        throw await refuse(principal, model.id, tier, type, admission.windows[refused]?.resetAtMs ?? at);
+      }
+      const minute = admission.windows.at(-1) as HitResult;
+      const tokens = windows[0]?.type === 'TPM' ? admission.windows[0] : undefined;
+      const headers: ReplyHeaders = {
+        'x-ratelimit-limit-requests': minute.limit,
+        'x-ratelimit-remaining-requests': minute.remaining,
+        'x-ratelimit-reset-requests': Math.ceil(minute.resetAtMs / 1000),
+        'x-ratelimit-type': typeOf(principal),
       };
-      within.embedded = { writes: along.writes, read: (written) => ({ admission: along.read(written), at }) };
-      return {
-        get within() {
-          return headers ? undefined : within;
-        },
-        admitted(counted) {
-          headers = plan.headers(counted.admission, counted.at);
-        },
-        async refused(error) {
-          if (!(error instanceof RateLimitRefusal)) return error;
-          // Refused: answered 429, counted nowhere.
-          headers = {};
-          return plan.refusal(error.admission, error.at);
-        },
-        async settle() {
-          if (headers) return headers;
-          // Never reserved (refused before it, or answered without a charge): counted now, on its own. The
-          // answer is given; a refusal only means nothing is counted.
-          const late = plan.input();
-          const admission = await deps.rateLimits.admit(late);
-          headers = admission.allowed ? plan.headers(admission, late.now ?? now()) : {};
-          return headers;
-        },
-      };
+      if (tokens) {
+        headers['x-ratelimit-limit-tokens'] = tokens.limit;
+        headers['x-ratelimit-remaining-tokens'] = tokens.remaining;
+        headers['x-ratelimit-reset-tokens'] = Math.max(0, Math.ceil((tokens.resetAtMs - at) / 1000));
+      }
+      return { headers };
     },
 
     /**
