@@ -29,7 +29,7 @@ import {
 import pg from 'pg';
 import { StorageConfigError, StorageError } from './errors.ts';
 import { groupCommitting, type TransactionRunner } from './group-commit.ts';
-import type { StatementRunner } from './internal.ts';
+import { preparedName, type StatementRunner } from './internal.ts';
 import type { Tables } from './schema.ts';
 
 export type Dialect = 'sqlite' | 'postgres';
@@ -210,10 +210,14 @@ function lastResults(pool: pg.Pool): PostgresPool {
       let seen = clients.get(client);
       if (!seen) {
         seen = {
-          query: ((text: unknown, parameters?: unknown[]) =>
-            typeof text === 'string'
-              ? client.query(text, parameters).then((result) => last(result))
-              : client.query(text as pg.Submittable)) as PostgresPoolClient['query'],
+          query: ((text: unknown, parameters?: unknown[]) => {
+            if (typeof text !== 'string') return client.query(text as pg.Submittable);
+            // A hot statement of a fixed text: prepared once per connection (internal.ts, `prepared`).
+            const name = parameters?.length ? preparedName(text) : undefined;
+            return (
+              name ? client.query({ name, text, values: parameters }) : client.query(text, parameters)
+            ).then((result) => last(result));
+          }) as PostgresPoolClient['query'],
           // pg-pool gives the client a new `release` at every checkout: looked up when called.
           release: () => client.release(),
         };

@@ -3,7 +3,7 @@
  * types, UTC day arithmetic for the DIEM epoch and key limit periods, driver error classification, the
  * default id source (time-ordered UUIDs) and statements compiled once.
  */
-import { randomFillSync } from 'node:crypto';
+import { createHash, randomFillSync } from 'node:crypto';
 import type { Compilable, CompiledQuery, QueryResult, RawBuilder } from 'kysely';
 import pg from 'pg';
 import { InvalidInputError } from './errors.ts';
@@ -201,6 +201,28 @@ export type StatementRunner = { executeQuery<R>(query: CompiledQuery<R>): Promis
  * compiles, so prepared-statement caches, the statement counts of the round-trip test and the PostgreSQL
  * types are unchanged.
  */
+/**
+ * PostgreSQL: the texts of the statements sent as prepared statements (named: each connection parses and plans
+ * one once, not at every call; measured on a chat's capture: 0.75 ms instead of 1.0). Only hot statements of a
+ * fixed text per shape are (compiledOnce's, and those passed to `prepared`), at most PREPARED_MAX texts, and
+ * none that selects `*`: a column added by a later migration would make PostgreSQL refuse its cached plan.
+ */
+const preparedNames = new Map<string, string>();
+const PREPARED_MAX = 256;
+
+/** Marks a compiled statement as worth preparing on PostgreSQL (see preparedNames); returns it. */
+export function prepared<Row>(compiled: CompiledQuery<Row>): CompiledQuery<Row> {
+  const text = compiled.sql;
+  if (preparedNames.size < PREPARED_MAX && !preparedNames.has(text) && !/select \*|\.\*/.test(text))
+    preparedNames.set(text, `svc_${createHash('sha256').update(text).digest('hex').slice(0, 24)}`);
+  return compiled;
+}
+
+/** The name a statement of this text is prepared under (PostgreSQL), or undefined: sent unnamed. */
+export function preparedName(text: string): string | undefined {
+  return preparedNames.get(text);
+}
+
 export function compiledOnce<Row, A extends unknown[]>(
   build: (...values: A) => Compilable<Row>,
 ): (runner: StatementRunner, ...values: A) => Promise<Row[]> {
@@ -208,7 +230,7 @@ export function compiledOnce<Row, A extends unknown[]>(
   return async (runner, ...values) => {
     if (!template) {
       const standIns = values.map((_, index) => ({ standIn: index }));
-      const compiled = build(...(standIns as unknown as A)).compile();
+      const compiled = prepared(build(...(standIns as unknown as A)).compile());
       const slots = compiled.parameters.map((parameter) => {
         const index = standIns.indexOf(parameter as { standIn: number });
         return index < 0 ? undefined : index;

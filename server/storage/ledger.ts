@@ -48,6 +48,7 @@ import {
   maxBig,
   minBig,
   periodStartMs,
+  prepared,
   type RepositoryOptions,
   resolveOptions,
   toBigInt,
@@ -1024,7 +1025,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       before: { usdNano: row.usd_balance_nano, diemNano: 0n },
     });
     if (shape === UNGUARDED && !limited) {
-      const [row] = (await hold.execute(db)).rows;
+      const [row] = (await db.executeQuery(prepared(hold.compile(db)))).rows;
       return row && held(row);
     }
     const lock = sql`select 1 from accounts where id = ${reservation.accountId} for update`;
@@ -1095,7 +1096,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     const [spend] = keySpendOf(entries);
     let written: Array<{ id: string; seq: bigint | number; balance_after_nano: bigint }>;
     try {
-      ({ rows: written } = await sql<(typeof written)[number]>`with settled as (
+      const capture = sql<(typeof written)[number]>`with settled as (
           update accounts set
             usd_balance_nano = usd_balance_nano - cast(${split.usdCharged} as bigint),
             usd_reserved_nano = usd_reserved_nano - cast(${reservation.usdNano} as bigint)
@@ -1132,7 +1133,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
           details)
         cross join settled left join claimed on true
         order by e.ord
-        returning id, seq, balance_after_nano`.execute(q));
+        returning id, seq, balance_after_nano`;
+      // One text per shape (the number of entries, a key's spend, the caller's write): prepared on PostgreSQL.
+      ({ rows: written } = await q.executeQuery(prepared(capture.compile(q))));
     } catch (error) {
       // The claim failed after the update (see above), or a CHECK of the account refused it.
       if (undoneByConstraint(error)) throw new NotAtOnce();

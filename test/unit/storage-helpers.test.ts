@@ -16,6 +16,8 @@ import {
   epochDayOf,
   isoDay,
   periodStartMs,
+  prepared,
+  preparedName,
   resolveOptions,
   timeOrderedIds,
   toBigInt,
@@ -294,5 +296,47 @@ describe('withLiterals', () => {
       expect(() => withLiterals(compiled('select $1', [value]))).toThrow(/text, integers and null/);
     }
     expect(() => withLiterals(compiled('select $2', ['a']))).toThrow();
+  });
+});
+
+describe('prepared', () => {
+  const compiled = (text: string) =>
+    ({ sql: text, parameters: [1], query: undefined }) as unknown as Parameters<typeof prepared>[0];
+
+  test('behavior: a marked statement has one name for its text; compiledOnce marks its own', async () => {
+    const text = 'update accounts set usd_reserved_nano = $1 where id = $2 -- prepared test';
+    expect(preparedName(text)).toBeUndefined();
+    expect(prepared(compiled(text)).sql).toBe(text);
+    const name = preparedName(text);
+    expect(name).toMatch(/^svc_[0-9a-f]{24}$/);
+    prepared(compiled(text));
+    expect(preparedName(text)).toBe(name);
+    expect(preparedName(`${text} `)).toBeUndefined();
+
+    const database = await createDatabase('sqlite::memory:');
+    try {
+      await migrate(database);
+      const { db } = database;
+      const read = compiledOnce((bucket: string) =>
+        db.selectFrom('rate_limit_counters').select('used').where('bucket', '=', bucket),
+      );
+      await read(db, 'a');
+      expect(
+        preparedName('select "used" from "rate_limit_counters" where "bucket" = ?') ??
+          preparedName('select "used" from "rate_limit_counters" where "bucket" = $1'),
+      ).toMatch(/^svc_/);
+    } finally {
+      await database.close();
+    }
+  });
+
+  test('negative: a statement that selects every column is never prepared (a later column would break its plan)', () => {
+    for (const text of [
+      'select * from accounts where id = $1',
+      'select "accounts".* from "accounts" where "id" = $1',
+    ]) {
+      prepared(compiled(text));
+      expect(preparedName(text)).toBeUndefined();
+    }
   });
 });

@@ -1,0 +1,92 @@
+/**
+ * PostgreSQL: the hot statements are prepared statements (named; each connection parses and plans one once):
+ * a reservation's hold and a capture's one statement. They stay valid when a later migration adds a column to
+ * the tables they touch (none of them selects `*`), as in a rolling upgrade where another instance migrates.
+ */
+import { sql } from 'kysely';
+import { afterAll, beforeAll, expect, test } from 'vitest';
+import { createAccounts } from '../../server/storage/accounts.ts';
+import { createDatabase, type Database } from '../../server/storage/database.ts';
+import { createLedger } from '../../server/storage/ledger.ts';
+import { migrate } from '../../server/storage/migrations.ts';
+import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+
+let postgres: StartedPostgres;
+let database: Database;
+
+beforeAll(async () => {
+  postgres = await startPostgres();
+  // One connection: the prepared statements listed are those of the connection that ran the ledger's.
+  database = await createDatabase(await postgres.createDatabase('prepared'), { poolMax: 1 });
+  await migrate(database);
+}, 120_000);
+
+afterAll(async () => {
+  await database?.close();
+  await postgres?.stop();
+});
+
+async function preparedOnTheConnection() {
+  const { rows } = await sql<{ name: string; statement: string }>`
+    select name, statement from pg_prepared_statements`.execute(database.db);
+  return rows;
+}
+
+test('behavior: a hold and a capture run as prepared statements, with each call its own values', async () => {
+  const accounts = createAccounts(database);
+  const ledger = createLedger(database);
+  const account = await accounts.createApiAccount({ name: 'prepared' });
+  await ledger.topUp({ accountId: account.id, amountNano: 1_000_000_000n });
+  for (let i = 1; i <= 3; i++) {
+    const { reservation } = await ledger.reserve({
+      accountId: account.id,
+      amountNano: 100_000_000n,
+      requestId: `prepared-${i}`,
+      modelId: 'm',
+      ttlMs: 60_000,
+    });
+    await ledger.captureWith(reservation, {
+      items: [{ sku: 'output_tokens', amountNano: BigInt(i) * 1_000n }],
+    });
+  }
+  const prepared = await preparedOnTheConnection();
+  const named = (start: string) => prepared.filter((p) => p.statement.trimStart().startsWith(start));
+  expect(named('with held as')).toEqual([expect.objectContaining({ name: expect.stringMatching(/^svc_/) })]);
+  expect(named('with settled as')).toEqual([
+    expect.objectContaining({ name: expect.stringMatching(/^svc_/) }),
+  ]);
+  // Each call charged its own amount.
+  expect((await ledger.getBalance(account.id)).usdNano).toBe(1_000_000_000n - 6_000n);
+});
+
+test('behavior: a column added by a later migration leaves the prepared statements working', async () => {
+  const accounts = createAccounts(database);
+  const ledger = createLedger(database);
+  const account = await accounts.createApiAccount({ name: 'migrated' });
+  await ledger.topUp({ accountId: account.id, amountNano: 1_000_000_000n });
+  const charge = async (requestId: string) => {
+    const { reservation } = await ledger.reserve({
+      accountId: account.id,
+      amountNano: 100_000_000n,
+      requestId,
+      modelId: 'm',
+      ttlMs: 60_000,
+    });
+    await ledger.captureWith(reservation, { items: [{ sku: 'output_tokens', amountNano: 5_000n }] });
+    // The capture by id (a transaction whose statements are compiledOnce's, one reading the account's row).
+    const { reservation: other } = await ledger.reserve({
+      accountId: account.id,
+      amountNano: 100_000_000n,
+      requestId: `${requestId}-by-id`,
+      modelId: 'm',
+      ttlMs: 60_000,
+    });
+    await ledger.capture(other.id, { items: [{ sku: 'output_tokens', amountNano: 5_000n }] });
+  };
+  await charge('before-migration');
+  for (const table of ['accounts', 'reservations', 'ledger_entries', 'api_key_spend_days'])
+    await sql`alter table ${sql.table(table)} add column later_column text`.execute(database.db);
+  await charge('after-migration');
+  expect((await ledger.getBalance(account.id)).usdNano).toBe(1_000_000_000n - 20_000n);
+  expect((await preparedOnTheConnection()).length).toBeGreaterThan(0);
+});
