@@ -8,7 +8,7 @@
  *
  * Knobs: `--quick` (or BENCH_QUICK=1): 2 rounds of 2 s, 500 streams; BENCH_DURATION (seconds per
  * throughput run, default 4), BENCH_ROUNDS (default 3), BENCH_CONNECTIONS (default 16), BENCH_STREAMS
- * (default 1000), BENCH_LATENCY_COUNT (sequential requests per latency run, default 400).
+ * (default 1000), BENCH_LATENCY_COUNT (sequential requests per latency run, default 2000: a p99 from 20 samples above it, not 4).
  * `--only streams` (or BENCH_ONLY=streams): only the streams part (the streaming server and its RSS, no
  * PostgreSQL, anvil, Prism or throughput rounds), for iterating on memory; the other rows are left empty and
  * the report goes to bench/results/streams.json and streams.md instead.
@@ -54,7 +54,7 @@ const settings = {
   rounds: int('BENCH_ROUNDS', quick ? 2 : 3),
   connections: int('BENCH_CONNECTIONS', 16),
   streams: int('BENCH_STREAMS', quick ? 500 : 1000),
-  latencyCount: int('BENCH_LATENCY_COUNT', quick ? 200 : 400),
+  latencyCount: int('BENCH_LATENCY_COUNT', quick ? 1000 : 2000),
 };
 
 /**
