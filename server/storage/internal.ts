@@ -194,14 +194,6 @@ export function withLiterals(query: CompiledQuery): string {
 export type StatementRunner = { executeQuery<R>(query: CompiledQuery<R>): Promise<QueryResult<R>> };
 
 /**
- * A hot statement that Kysely builds and compiles once (per repository, so per dialect) and then runs with
- * new values: building and compiling a query on every call was about a fifth of a chat request's CPU.
- * `build` receives one stand-in per value and must only place them (no logic on them): each stand-in becomes
- * a parameter of the compiled statement, replaced by the call's value. The SQL text sent is the one Kysely
- * compiles, so prepared-statement caches, the statement counts of the round-trip test and the PostgreSQL
- * types are unchanged.
- */
-/**
  * PostgreSQL: the texts of the statements sent as prepared statements (named: each connection parses and plans
  * one once, not at every call; measured on a chat's capture: 0.75 ms instead of 1.0). Only hot statements of a
  * fixed text per shape are (compiledOnce's, and those passed to `prepared`), at most PREPARED_MAX texts, and
@@ -223,6 +215,14 @@ export function preparedName(text: string): string | undefined {
   return preparedNames.get(text);
 }
 
+/**
+ * A hot statement that Kysely builds and compiles once (per repository, so per dialect) and then runs with
+ * new values: building and compiling a query on every call was about a fifth of a chat request's CPU.
+ * `build` receives one stand-in per value and must only place them (no logic on them): each stand-in becomes
+ * a parameter of the compiled statement, replaced by the call's value. The SQL text sent is the one Kysely
+ * compiles, so the statement counts of the round-trip test and the PostgreSQL types are unchanged; on
+ * PostgreSQL it is sent as a prepared statement (`prepared`).
+ */
 export function compiledOnce<Row, A extends unknown[]>(
   build: (...values: A) => Compilable<Row>,
 ): (runner: StatementRunner, ...values: A) => Promise<Row[]> {
