@@ -4,7 +4,7 @@
  * default id source (time-ordered UUIDs) and statements compiled once.
  */
 import { createHash, randomFillSync } from 'node:crypto';
-import type { Compilable, CompiledQuery, QueryResult, RawBuilder } from 'kysely';
+import { type Compilable, CompiledQuery, type Kysely, type QueryResult, type RawBuilder } from 'kysely';
 import pg from 'pg';
 import { InvalidInputError } from './errors.ts';
 
@@ -180,13 +180,58 @@ export type EmbeddedWrite = (guard: RawBuilder<unknown>) => RawBuilder<unknown>;
  * (the statements written for scripts hold no `$` otherwise); values of any other type are refused.
  */
 export function withLiterals(query: CompiledQuery): string {
-  return query.sql.replace(/\$(\d+)/g, (_, n: string) => {
-    const value = query.parameters[Number(n) - 1];
-    if (typeof value === 'string') return pg.escapeLiteral(value);
-    if (typeof value === 'bigint' || (typeof value === 'number' && Number.isSafeInteger(value)))
-      return String(value);
-    if (value === null) return 'null';
-    throw new InvalidInputError('parameter', `a script takes text, integers and null, not ${typeof value}`);
+  return query.sql.replace(/\$(\d+)/g, (_, n: string) => literal(query.parameters[Number(n) - 1]));
+}
+
+/** A value as a PostgreSQL literal: text, integers and null (see withLiterals). */
+function literal(value: unknown): string {
+  if (typeof value === 'string') return pg.escapeLiteral(value);
+  if (typeof value === 'bigint' || (typeof value === 'number' && Number.isSafeInteger(value)))
+    return String(value);
+  if (value === null) return 'null';
+  throw new InvalidInputError('parameter', `a script takes text, integers and null, not ${typeof value}`);
+}
+
+/**
+ * PostgreSQL: the script of `head` (statements as text, their values written in: withLiterals) then
+ * `statement`, sent as one query (one round trip, one implicit transaction). The simple query protocol, the
+ * only one that carries several statements, has no prepared statements of its own, so `statement` is a
+ * SQL-level one: `PREPARE`d once per connection, then run as `execute name(values)` (measured on the JSON-RPC
+ * reservation: 0.51 ms instead of 0.72). A connection that does not know the name yet answers 26000, having
+ * written nothing; it prepares it and the script runs again. Should the statement not be preparable (not
+ * marked by `prepared`, or refused), or the name still be unknown after preparing it (a pooler that moves
+ * sessions between statements), the script carries the statement as text.
+ */
+export async function scriptThenPrepared<R>(
+  // biome-ignore lint/suspicious/noExplicitAny: any schema; the rows are typed by `statement`
+  db: Kysely<any>,
+  head: string,
+  statement: CompiledQuery<R>,
+): Promise<R[]> {
+  const asText = `${head};\n${withLiterals(statement)}`;
+  const name = preparedName(prepared(statement).sql);
+  if (!name) return (await db.executeQuery(CompiledQuery.raw(asText))).rows as R[];
+  const values = statement.parameters.map(literal).join(', ');
+  const executed = `${head};\nexecute ${name}_s${values ? `(${values})` : ''}`;
+  const unknownName = (error: unknown) => (error as { code?: unknown } | null)?.code === '26000';
+  return db.connection().execute(async (connection) => {
+    const run = async (text: string) => (await connection.executeQuery(CompiledQuery.raw(text))).rows as R[];
+    try {
+      return await run(executed);
+    } catch (error) {
+      if (!unknownName(error)) throw error;
+    }
+    try {
+      await run(`prepare ${name}_s as ${statement.sql}`);
+    } catch {
+      return run(asText);
+    }
+    try {
+      return await run(executed);
+    } catch (error) {
+      if (!unknownName(error)) throw error;
+      return run(asText);
+    }
   });
 }
 

@@ -51,6 +51,7 @@ import {
   prepared,
   type RepositoryOptions,
   resolveOptions,
+  scriptThenPrepared,
   toBigInt,
   toNumber,
   toNumberOrNull,
@@ -1029,12 +1030,10 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       return row && held(row);
     }
     const lock = sql`select 1 from accounts where id = ${reservation.accountId} for update`;
-    const script = sql.raw<{ usd_balance_nano: bigint }>(
-      `${withLiterals(lock.compile(db))};\n${withLiterals(hold.compile(db))}`,
-    );
     let rows: { usd_balance_nano: bigint }[];
     try {
-      ({ rows } = await script.execute(db));
+      // The hold as a prepared statement after the lock, in one round trip.
+      rows = await scriptThenPrepared(db, withLiterals(lock.compile(db)), hold.compile(db));
     } catch (error) {
       // Something refused after something else wrote (see above), or a CHECK refused a write.
       if (undoneByConstraint(error)) return undefined;

@@ -340,6 +340,12 @@ describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
     expect(await ledger.getBalance(account.id)).toMatchObject({ usdReservedNano: 70n });
   });
   test('behavior: the minute count and the credit take with the hold: one round trip on PostgreSQL, the same rows', async () => {
+    // The connection's first such reservation prepares the statement after the lock (see scriptThenPrepared).
+    const warm = await fundedAccount(USD);
+    await ledger.reserveWith(
+      reserveInput(warm.id, 700n, 'warm'),
+      admission(warm.id, { credits: 30, limit: 100 }),
+    );
     const account = await fundedAccount(USD);
     sent.length = 0;
     const { reservation, within } = await ledger.reserveWith(

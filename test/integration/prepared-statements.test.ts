@@ -1,12 +1,14 @@
 /**
  * PostgreSQL: the hot statements are prepared statements (named; each connection parses and plans one once):
- * a reservation's hold and a capture's one statement. They stay valid when a later migration adds a column to
- * the tables they touch (none of them selects `*`), as in a rolling upgrade where another instance migrates.
+ * a reservation's hold and a capture's one statement; the statement after the account's lock in a script is a
+ * SQL-level one (`scriptThenPrepared`). They stay valid when a later migration adds a column to the tables they
+ * touch (none of them selects `*`), as in a rolling upgrade where another instance migrates.
  */
 import { sql } from 'kysely';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { createAccounts } from '../../server/storage/accounts.ts';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
+import { scriptThenPrepared } from '../../server/storage/internal.ts';
 import { createLedger } from '../../server/storage/ledger.ts';
 import { migrate } from '../../server/storage/migrations.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
@@ -89,4 +91,50 @@ test('behavior: a column added by a later migration leaves the prepared statemen
   await charge('after-migration');
   expect((await ledger.getBalance(account.id)).usdNano).toBe(1_000_000_000n - 20_000n);
   expect((await preparedOnTheConnection()).length).toBeGreaterThan(0);
+});
+
+test('behavior: a script runs its last statement as a SQL-level prepared one, prepared by the first call of a connection', async () => {
+  const sent: string[] = [];
+  const watched = await createDatabase(await postgres.createDatabase('scripts'), {
+    poolMax: 1,
+    onQuery: (text) => sent.push(text),
+  });
+  try {
+    const statement = (value: string) =>
+      sql<{
+        v: string;
+        n: string;
+      }>`select cast(${value} as text) as v, cast(${7} as bigint) + 1 as n`.compile(watched.db);
+    expect(await scriptThenPrepared(watched.db, 'select 1', statement("it's"))).toEqual([
+      { v: "it's", n: 8n },
+    ]);
+    // Unknown on this connection (26000, nothing written), prepared, run again.
+    expect(sent).toHaveLength(3);
+    expect(sent[0]).toMatch(/^select 1;\nexecute svc_[0-9a-f]+_s\('it''s', 7\)$/);
+    expect(sent[1]).toMatch(/^prepare svc_[0-9a-f]+_s as select cast\(\$1 as text\)/);
+    expect(sent[2]).toBe(sent[0]);
+    sent.length = 0;
+    expect(await scriptThenPrepared(watched.db, 'select 1', statement('again'))).toEqual([
+      { v: 'again', n: 8n },
+    ]);
+    expect(sent).toHaveLength(1);
+  } finally {
+    await watched.close();
+  }
+});
+
+test('fault: a statement PostgreSQL cannot prepare runs as text in the script, and answers the same', async () => {
+  const sent: string[] = [];
+  const watched = await createDatabase(await postgres.createDatabase('scripts_text'), {
+    poolMax: 1,
+    onQuery: (text) => sent.push(text),
+  });
+  try {
+    // A parameter whose type nothing determines: PREPARE refuses it; as a literal it is text.
+    const statement = sql<{ v: boolean }>`select ${'plain'} is null as v`.compile(watched.db);
+    expect(await scriptThenPrepared(watched.db, 'select 1', statement)).toEqual([{ v: false }]);
+    expect(sent.at(-1)).toBe("select 1;\nselect 'plain' is null as v");
+  } finally {
+    await watched.close();
+  }
 });
