@@ -93,13 +93,22 @@ test('behavior: a column added by a later migration leaves the prepared statemen
   expect((await preparedOnTheConnection()).length).toBeGreaterThan(0);
 });
 
-test('behavior: a script runs its last statement as a SQL-level prepared one, prepared by the first call of a connection', async () => {
+/** A database of its own on one connection, with every statement it sends, for `use`. */
+async function watchedDatabase(name: string, use: (watched: Database, sent: string[]) => Promise<void>) {
   const sent: string[] = [];
-  const watched = await createDatabase(await postgres.createDatabase('scripts'), {
+  const watched = await createDatabase(await postgres.createDatabase(name), {
     poolMax: 1,
     onQuery: (text) => sent.push(text),
   });
   try {
+    await use(watched, sent);
+  } finally {
+    await watched.close();
+  }
+}
+
+test('behavior: a script runs its last statement as a SQL-level prepared one, prepared by the first call of a connection', async () => {
+  await watchedDatabase('scripts', async (watched, sent) => {
     const statement = (value: string) =>
       sql<{
         v: string;
@@ -118,23 +127,14 @@ test('behavior: a script runs its last statement as a SQL-level prepared one, pr
       { v: 'again', n: 8n },
     ]);
     expect(sent).toHaveLength(1);
-  } finally {
-    await watched.close();
-  }
+  });
 });
 
 test('fault: a statement PostgreSQL cannot prepare runs as text in the script, and answers the same', async () => {
-  const sent: string[] = [];
-  const watched = await createDatabase(await postgres.createDatabase('scripts_text'), {
-    poolMax: 1,
-    onQuery: (text) => sent.push(text),
-  });
-  try {
+  await watchedDatabase('scripts_text', async (watched, sent) => {
     // A parameter whose type nothing determines: PREPARE refuses it; as a literal it is text.
     const statement = sql<{ v: boolean }>`select ${'plain'} is null as v`.compile(watched.db);
     expect(await scriptThenPrepared(watched.db, 'select 1', statement)).toEqual([{ v: false }]);
     expect(sent.at(-1)).toBe("select 1;\nselect 'plain' is null as v");
-  } finally {
-    await watched.close();
-  }
+  });
 });
