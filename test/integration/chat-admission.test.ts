@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { parse, stringify } from 'yaml';
 import { type ChatServer, startChatServer } from '../support/chat-server.ts';
+import { awayFromMinuteEdge } from '../support/clock.ts';
 import { repoRoot } from '../support/contract.ts';
 import { checkSettledInvariants } from '../support/invariants.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
@@ -43,12 +44,6 @@ function catalogYaml(): string {
       },
     },
   });
-}
-
-/** Waits until the current clock minute has at least 15 s left (the limits count per clock minute). */
-async function awayFromMinuteEdge() {
-  const into = Date.now() % 60_000;
-  if (into > 45_000) await new Promise((r) => setTimeout(r, 60_000 - into + 200));
 }
 
 const engines = [

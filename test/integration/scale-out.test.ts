@@ -20,6 +20,7 @@ import { createLedger } from '../../server/storage/ledger.ts';
 import { migrate } from '../../server/storage/migrations.ts';
 import { createVideoJobs } from '../../server/storage/video-jobs.ts';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
+import { awayFromMinuteEdge } from '../support/clock.ts';
 import { repoRoot } from '../support/contract.ts';
 import { checkSettledInvariants } from '../support/invariants.ts';
 import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
@@ -146,12 +147,6 @@ const rpc = (i: number, key: string, id: number, headers: Record<string, string>
     { jsonrpc: '2.0', id, method: 'getSlot' },
     { authorization: `Bearer ${key}`, ...headers },
   );
-
-/** Waits until the current clock minute has at least 15 s left (the limits count per clock minute). */
-async function awayFromMinuteEdge() {
-  const into = Date.now() % 60_000;
-  if (into > 45_000) await new Promise((r) => setTimeout(r, 60_000 - into + 200));
-}
 
 async function expectSound() {
   const report = await checkSettledInvariants(database);
