@@ -80,7 +80,9 @@ async function main(argv: string[]): Promise<number> {
     );
 
   const config = loadConfig(process.env);
-  const database = await createDatabase(config.databaseUrl);
+  const database = await createDatabase(config.databaseUrl, {
+    preparedStatements: config.databasePreparedStatements,
+  });
   try {
     await migrate(database);
     const accounts = createAccounts(database);

@@ -25,6 +25,7 @@ const variables = z.object({
     .string()
     .regex(/^(sqlite:|postgres:\/\/|postgresql:\/\/)/, 'sqlite:<path>, sqlite::memory: or postgres://…')
     .default('sqlite:./data/service.db'),
+  DATABASE_PREPARED_STATEMENTS: bool.default(true),
   SERVICE_CONFIG: z.string().min(1).optional(),
   ADMIN_API_KEY: z.string().min(20, 'at least 20 characters').optional(),
   BOOTSTRAP_BALANCE_USD: usd.default('10'),
@@ -108,6 +109,8 @@ const schema = variables.transform((env) => ({
   host: env.HOST,
   publicOrigin: (env.PUBLIC_ORIGIN ?? `http://${env.HOST}:${env.PORT}`).replace(/\/+$/, ''),
   databaseUrl: env.DATABASE_URL,
+  /** PostgreSQL: hot statements as prepared statements; false behind a pooler that does not keep them. */
+  databasePreparedStatements: env.DATABASE_PREPARED_STATEMENTS,
   serviceConfigPath: env.SERVICE_CONFIG,
   adminApiKey: env.ADMIN_API_KEY,
   bootstrapBalanceUsd: env.BOOTSTRAP_BALANCE_USD,

@@ -87,7 +87,10 @@ export async function createServices(
     config.serviceConfigPath ? { overridePath: config.serviceConfigPath } : {},
   );
   const catalog = createCatalogService(loadedCatalog, { publicBaseUrl: config.publicOrigin });
-  const database = await createDatabase(config.databaseUrl, options.database);
+  const database = await createDatabase(config.databaseUrl, {
+    preparedStatements: config.databasePreparedStatements,
+    ...options.database,
+  });
   try {
     await migrate(database);
   } catch (error) {

@@ -38,6 +38,8 @@ export type Dialect = 'sqlite' | 'postgres';
 export type Database = {
   db: Kysely<Tables>;
   dialect: Dialect;
+  /** PostgreSQL: whether hot statements go as prepared statements (CreateDatabaseOptions.preparedStatements). */
+  prepares: boolean;
   /** Closes the pool or file; idempotent. */
   close(): Promise<void>;
   /** Resolves when the database answers a trivial query (for `/readyz`). */
@@ -68,6 +70,14 @@ export type CreateDatabaseOptions = {
   onQuery?(sql: string): void;
   /** How often the SQLite checkpointer thread copies the WAL into the database file (default 200 ms). */
   checkpointIntervalMs?: number;
+  /**
+   * PostgreSQL: the hot statements go as prepared statements (default true; see internal.ts, `prepared` and
+   * `scriptThenPrepared`). False sends every statement as text, for a connection pooler that moves sessions
+   * between statements without keeping their prepared statements (PgBouncer in transaction mode before 1.21
+   * or without `max_prepared_statements`): there a statement prepared on one server connection is unknown on
+   * the next, and a call would fail.
+   */
+  preparedStatements?: boolean;
 };
 
 export type ParsedDatabaseUrl =
@@ -156,7 +166,8 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
     statement.run();
   };
   const group = groupCommitting(db, raw);
-  const database = wrap(db, 'sqlite', group.transaction, (fn) =>
+  // Every SQLite statement is prepared once (cachingStatements).
+  const database = wrap(db, 'sqlite', true, group.transaction, (fn) =>
     group.busy() ? group.transaction(fn) : fn(db),
   );
   if (!checkpointer) return database;
@@ -188,18 +199,20 @@ function openPostgres(connectionString: string, options: CreateDatabaseOptions):
   pool.on('connect', (client) => {
     client.on('error', () => {});
   });
+  const prepares = options.preparedStatements ?? true;
   const db = new Kysely<Tables>({
-    dialect: observed(new PostgresDialect({ pool: lastResults(pool) }), options.onQuery),
+    dialect: observed(new PostgresDialect({ pool: lastResults(pool, prepares) }), options.onQuery),
   });
-  return wrap(db, 'postgres');
+  return wrap(db, 'postgres', prepares);
 }
 
 /**
  * The pool as Kysely sees it: a script of several statements (sent without parameters, as one simple query)
  * answers with its last statement's result, as psql shows it. pg answers such a script with one result per
- * statement, and Kysely, which reads the `rows` of one, would see none.
+ * statement, and Kysely, which reads the `rows` of one, would see none. With `named`, a hot statement goes as a
+ * named (prepared) one.
  */
-function lastResults(pool: pg.Pool): PostgresPool {
+function lastResults(pool: pg.Pool, named: boolean): PostgresPool {
   const clients = new WeakMap<pg.PoolClient, PostgresPoolClient>();
   // pg types a query's answer as one result; a script's is an array of them.
   const last = (result: pg.QueryResult | pg.QueryResult[]) =>
@@ -213,7 +226,7 @@ function lastResults(pool: pg.Pool): PostgresPool {
           query: ((text: unknown, parameters?: unknown[]) => {
             if (typeof text !== 'string') return client.query(text as pg.Submittable);
             // A hot statement of a fixed text: prepared once per connection (internal.ts, `prepared`).
-            const name = parameters?.length ? preparedName(text) : undefined;
+            const name = named && parameters?.length ? preparedName(text) : undefined;
             return (
               name ? client.query({ name, text, values: parameters }) : client.query(text, parameters)
             ).then((result) => last(result));
@@ -232,6 +245,7 @@ function lastResults(pool: pg.Pool): PostgresPool {
 function wrap(
   db: Kysely<Tables>,
   dialect: Dialect,
+  prepares: boolean,
   transaction: TransactionRunner<Tables> = (fn) => db.transaction().execute((trx) => fn(trx)),
   write: Database['write'] = (fn) => fn(db),
 ): Database {
@@ -239,6 +253,7 @@ function wrap(
   return {
     db,
     dialect,
+    prepares,
     transaction,
     write,
     close() {

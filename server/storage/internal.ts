@@ -201,16 +201,18 @@ function literal(value: unknown): string {
  * reservation: 0.35 to 0.52 ms instead of 0.72). A connection that does not know the name yet answers 26000, having
  * written nothing; it prepares it and the script runs again. Should the statement not be preparable (not
  * marked by `prepared`, or refused), or the name still be unknown after preparing it (a pooler that moves
- * sessions between statements), the script carries the statement as text.
+ * sessions between statements), the script carries the statement as text; so it does at once when `prepare`
+ * is false (Database.prepares).
  */
 export async function scriptThenPrepared<R>(
   db: Kysely<Tables>,
   head: string,
   statement: CompiledQuery<R>,
+  prepare = true,
 ): Promise<R[]> {
   // The statement as text: written only when it is sent so (no name, or the name cannot be used).
   const asText = () => `${head};\n${withLiterals(statement)}`;
-  const name = preparedName(prepared(statement).sql);
+  const name = prepare ? preparedName(prepared(statement).sql) : undefined;
   if (!name) return (await db.executeQuery(CompiledQuery.raw(asText()))).rows as R[];
   const values = statement.parameters.map(literal).join(', ');
   const executed = `${head};\nexecute ${name}_s${values ? `(${values})` : ''}`;

@@ -2,10 +2,15 @@
  * PostgreSQL: the hot statements are prepared statements (named; each connection parses and plans one once):
  * a reservation's hold and a capture's one statement; the statement after the account's lock in a script is a
  * SQL-level one (`scriptThenPrepared`). They stay valid when a later migration adds a column to the tables they
- * touch (none of them selects `*`), as in a rolling upgrade where another instance migrates.
+ * touch (none of them selects `*`), as in a rolling upgrade where another instance migrates. With
+ * `preparedStatements: false` (DATABASE_PREPARED_STATEMENTS) every statement goes as text, which a pooler that
+ * loses a session's prepared statements between two calls cannot break.
  */
 import { sql } from 'kysely';
+import { pino } from 'pino';
 import { afterAll, beforeAll, expect, test } from 'vitest';
+import { loadConfig } from '../../server/config.ts';
+import { createServices } from '../../server/services.ts';
 import { createAccounts } from '../../server/storage/accounts.ts';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
 import { scriptThenPrepared } from '../../server/storage/internal.ts';
@@ -94,11 +99,16 @@ test('behavior: a column added by a later migration leaves the prepared statemen
 });
 
 /** A database of its own on one connection, with every statement it sends, for `use`. */
-async function watchedDatabase(name: string, use: (watched: Database, sent: string[]) => Promise<void>) {
+async function watchedDatabase(
+  name: string,
+  use: (watched: Database, sent: string[]) => Promise<void>,
+  options: { preparedStatements?: boolean } = {},
+) {
   const sent: string[] = [];
   const watched = await createDatabase(await postgres.createDatabase(name), {
     poolMax: 1,
     onQuery: (text) => sent.push(text),
+    ...options,
   });
   try {
     await use(watched, sent);
@@ -137,4 +147,76 @@ test('fault: a statement PostgreSQL cannot prepare runs as text in the script, a
     expect(await scriptThenPrepared(watched.db, 'select 1', statement)).toEqual([{ v: false }]);
     expect(sent.at(-1)).toBe("select 1;\nselect 'plain' is null as v");
   });
+});
+
+/** A charge on `ledger` (its hold and its capture), then what a pooler that moves sessions does between calls. */
+async function chargeThenLoseStatements(watched: Database, requestId: string) {
+  await migrate(watched);
+  const accounts = createAccounts(watched);
+  const ledger = createLedger(watched);
+  const account = await accounts.createApiAccount({ name: requestId });
+  await ledger.topUp({ accountId: account.id, amountNano: 1_000_000_000n });
+  const charge = async (id: string) => {
+    const { reservation } = await ledger.reserve({
+      accountId: account.id,
+      amountNano: 100_000_000n,
+      requestId: id,
+      modelId: 'm',
+      ttlMs: 60_000,
+    });
+    await ledger.captureWith(reservation, { items: [{ sku: 'output_tokens', amountNano: 7_000n }] });
+  };
+  await charge(`${requestId}-1`);
+  // The next statement reaches a server connection that does not know this session's prepared statements.
+  await sql`deallocate all`.execute(watched.db);
+  return { charge: () => charge(`${requestId}-2`), balance: () => ledger.getBalance(account.id) };
+}
+
+test('fault: behind a pooler that loses prepared statements between calls, the default fails and preparedStatements: false serves', async () => {
+  await watchedDatabase('lost_statements', async (watched) => {
+    const { charge } = await chargeThenLoseStatements(watched, 'lost');
+    await expect(charge()).rejects.toThrow(/does not exist/);
+  });
+  await watchedDatabase(
+    'as_text',
+    async (watched, sent) => {
+      expect(watched.prepares).toBe(false);
+      const { charge, balance } = await chargeThenLoseStatements(watched, 'text');
+      await charge();
+      expect((await balance()).usdNano).toBe(1_000_000_000n - 14_000n);
+      // A script carries its last statement as text at once: no `execute`, no `prepare`.
+      const statement = sql<{ v: string }>`select cast(${'x'} as text) as v`.compile(watched.db);
+      expect(await scriptThenPrepared(watched.db, 'select 1', statement, watched.prepares)).toEqual([
+        { v: 'x' },
+      ]);
+      expect(sent.at(-1)).toBe("select 1;\nselect cast('x' as text) as v");
+      expect(sent.filter((text) => /^(prepare|execute) |\nexecute /.test(text))).toEqual([]);
+      const { rows } = await sql`select name from pg_prepared_statements`.execute(watched.db);
+      expect(rows).toEqual([]);
+    },
+    { preparedStatements: false },
+  );
+});
+
+test("behavior: DATABASE_PREPARED_STATEMENTS=false reaches the server's database (prepared by default)", async () => {
+  const url = await postgres.createDatabase('configured');
+  for (const [value, prepares] of [
+    [undefined, true],
+    ['false', false],
+  ] as const) {
+    const services = await createServices(
+      loadConfig({
+        NODE_ENV: 'test',
+        DATABASE_URL: url,
+        VIDEO_WORKER_ENABLED: 'false',
+        ...(value ? { DATABASE_PREPARED_STATEMENTS: value } : {}),
+      }),
+      pino({ level: 'silent' }),
+    );
+    try {
+      expect(services.database.prepares).toBe(prepares);
+    } finally {
+      await services.close();
+    }
+  }
 });

@@ -14,7 +14,9 @@ describe('loadConfig', () => {
       publicOrigin: 'http://127.0.0.1:3000',
       bootstrapBalanceUsd: '10',
       validateResponses: true,
+      databasePreparedStatements: true,
     });
+    expect(loadConfig({ DATABASE_PREPARED_STATEMENTS: 'false' }).databasePreparedStatements).toBe(false);
   });
 
   test('behavior: responses are validated outside production unless switched off', () => {
