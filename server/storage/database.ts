@@ -21,6 +21,7 @@ import {
   type PostgresPool,
   type PostgresPoolClient,
   type PostgresQueryResult,
+  type QueryResult,
   SqliteDialect,
   type SqliteDialectConfig,
   SqliteDriver,
@@ -28,7 +29,12 @@ import {
 } from 'kysely';
 import pg from 'pg';
 import { StorageConfigError, StorageError } from './errors.ts';
-import { groupCommitting, type TransactionRunner } from './group-commit.ts';
+import {
+  type DirectStatement,
+  GROUP_COMMIT_MAX,
+  groupCommitting,
+  type TransactionRunner,
+} from './group-commit.ts';
 import { preparedName, type StatementRunner } from './internal.ts';
 import type { Tables } from './schema.ts';
 
@@ -152,8 +158,17 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   // own automatic checkpoint stays only as a safety net should the worker fall far behind.
   const checkpointer = memory ? undefined : startCheckpointer(filename, options.checkpointIntervalMs ?? 200);
   if (checkpointer) sqlite.pragma(`wal_autocheckpoint = ${SAFETY_CHECKPOINT_PAGES}`);
-  const dialect = new ImmediateSqliteDialect({ database: cachingStatements(sqlite) });
+  const cached = cachingStatements(sqlite);
+  const dialect = new ImmediateSqliteDialect({ database: cached });
   const db = new Kysely<Tables>({ dialect: observed(dialect, options.onQuery) });
+  // A compiled statement run as Kysely's SQLite driver runs it (same cache, same result), without its steps.
+  const direct: DirectStatement = <R>(query: CompiledQuery<R>): QueryResult<R> => {
+    options.onQuery?.(query.sql);
+    const statement = cached.prepare(query.sql);
+    if (statement.reader) return { rows: statement.all(query.parameters) as R[] };
+    const { changes, lastInsertRowid } = statement.run(query.parameters);
+    return { numAffectedRows: BigInt(changes), insertId: BigInt(lastInsertRowid), rows: [] };
+  };
   // Savepoints of a commit group go straight to the connection the group's transaction holds.
   const savepoints = new Map<string, SqliteDatabase.Statement>();
   const raw = (text: string) => {
@@ -165,10 +180,22 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
     }
     statement.run();
   };
-  const group = groupCommitting(db, raw);
+  const group = groupCommitting(db, raw, GROUP_COMMIT_MAX, direct);
+  // A short write outside a group runs straight on the connection too: no other transaction can be open on
+  // it then (every write transaction is the group's), and a statement never is half-run (better-sqlite3 is
+  // synchronous).
+  const runner: StatementRunner = {
+    executeQuery: <R>(query: CompiledQuery<R>) => {
+      try {
+        return Promise.resolve(direct(query));
+      } catch (error) {
+        return Promise.reject(error);
+      }
+    },
+  };
   // Every SQLite statement is prepared once (cachingStatements).
   const database = wrap(db, 'sqlite', true, group.transaction, (fn) =>
-    group.busy() ? group.transaction(fn) : fn(db),
+    group.busy() ? group.transaction(fn) : fn(runner),
   );
   if (!checkpointer) return database;
   let closing: Promise<void> | undefined;
@@ -352,7 +379,9 @@ const STATEMENT_CACHE_SIZE = 1000;
  * parse and plan every statement on every call. Reusing a statement is safe because Kysely runs one
  * statement at a time on its single connection; the cache is bounded (least recently prepared dropped).
  */
-function cachingStatements(sqlite: SqliteDatabase.Database): SqliteDialectConfig['database'] {
+function cachingStatements(
+  sqlite: SqliteDatabase.Database,
+): SqliteDialectConfig['database'] & { prepare(sqlText: string): SqliteDatabase.Statement } {
   const statements = new Map<string, SqliteDatabase.Statement>();
   return {
     close: () => sqlite.close(),
@@ -368,7 +397,7 @@ function cachingStatements(sqlite: SqliteDatabase.Database): SqliteDialectConfig
       }
       return statement;
     },
-  } as unknown as SqliteDialectConfig['database'];
+  } as unknown as SqliteDialectConfig['database'] & { prepare(sqlText: string): SqliteDatabase.Statement };
 }
 
 /** The dialect unchanged, or with every statement its driver sends reported to `onQuery` first. */

@@ -23,7 +23,7 @@
  */
 // From node:timers, not the global: fake timers in tests replace the global setImmediate, not this one.
 import { setImmediate } from 'node:timers';
-import type { Kysely, Transaction } from 'kysely';
+import type { Compilable, CompiledQuery, Kysely, QueryResult, Transaction } from 'kysely';
 
 export type TransactionRunner<DB> = <T>(fn: (trx: Transaction<DB>) => Promise<T>) => Promise<T>;
 
@@ -36,6 +36,31 @@ export type GroupCommitting<DB> = { transaction: TransactionRunner<DB>; busy(): 
  * statements of its own: nothing else can be running on it.
  */
 export type RawStatement = (text: string) => void;
+
+/**
+ * Runs a compiled statement on the one connection, synchronously, as the dialect's driver would (same text,
+ * same values, same result). Only called while the group's transaction holds that connection.
+ */
+export type DirectStatement = <R>(query: CompiledQuery<R>) => QueryResult<R>;
+
+/**
+ * The group's transaction with its `executeQuery` (what compiledOnce's hot statements call) running the
+ * statement straight on the connection the transaction holds: one promise, instead of Kysely's executor,
+ * connection provider and driver (their async steps were about a fifth of a request's statement time). The
+ * transaction itself (BEGIN, COMMIT, its hold on the connection) and the statements of query builders stay
+ * Kysely's.
+ */
+function straight<DB>(trx: Transaction<DB>, direct: DirectStatement): Transaction<DB> {
+  const executeQuery = <R>(query: CompiledQuery<R> | Compilable<R>): Promise<QueryResult<R>> => {
+    try {
+      return Promise.resolve(direct('compile' in query ? query.compile() : query));
+    } catch (error) {
+      return Promise.reject(error);
+    }
+  };
+  Object.defineProperty(trx, 'executeQuery', { value: executeQuery });
+  return trx;
+}
 
 type Waiting<DB> = {
   fn: (trx: Transaction<DB>) => Promise<unknown>;
@@ -60,6 +85,7 @@ export function groupCommitting<DB>(
   db: Kysely<DB>,
   raw: RawStatement,
   maxGroup = GROUP_COMMIT_MAX,
+  direct?: DirectStatement,
 ): GroupCommitting<DB> {
   const queue: Waiting<DB>[] = [];
   let draining = false;
@@ -96,8 +122,9 @@ export function groupCommitting<DB>(
     const done: Done<DB>[] = [];
     let began = false;
     try {
-      await db.transaction().execute(async (trx) => {
+      await db.transaction().execute(async (opened) => {
         began = true;
+        const trx = direct ? straight(opened, direct) : opened;
         try {
           done.push(completed(first, await first.fn(trx)));
         } catch (error) {

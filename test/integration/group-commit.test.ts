@@ -106,6 +106,47 @@ describe('group commit (SQLite)', () => {
     expect(committedLabels()).toEqual(['alone', 'first', 'joined']);
   });
 
+  test("behavior: compiled statements, run straight on the connection (in a group and alone), answer as Kysely does; a failing one rejects with SQLite's error and is undone alone", async () => {
+    const insert = (n: number, label: string) =>
+      sql`insert into items (n, label) values (${n}, ${label})`.compile(database.db);
+    const select = sql<{ n: bigint; label: string }>`select n, label from items order by n`.compile(
+      database.db,
+    );
+    // Kysely's own answers for the same statements, for comparison.
+    const viaKysely = await database.db.executeQuery(insert(1, 'kysely'));
+    const kyselyRefusal = await database.db.executeQuery(insert(1, 'again')).then(
+      () => undefined,
+      (error: { code?: string }) => error,
+    );
+    expect(kyselyRefusal).toMatchObject({ code: 'SQLITE_CONSTRAINT_PRIMARYKEY' });
+
+    const alone = await database.write((runner) => runner.executeQuery(insert(2, 'alone')));
+    expect(alone).toEqual({ ...viaKysely, insertId: 2n });
+    const [grouped, refused, after] = await Promise.allSettled([
+      database.transaction(async (trx) => {
+        const inserted = await trx.executeQuery(insert(3, 'grouped'));
+        return { inserted, rows: (await trx.executeQuery(select)).rows };
+      }),
+      database.transaction((trx) => trx.executeQuery(insert(3, 'duplicate'))),
+      database.write((runner) => runner.executeQuery(insert(4, 'after'))),
+    ]);
+    expect(grouped).toEqual({
+      status: 'fulfilled',
+      value: {
+        inserted: { ...viaKysely, insertId: 3n },
+        rows: [
+          { n: 1n, label: 'kysely' },
+          { n: 2n, label: 'alone' },
+          { n: 3n, label: 'grouped' },
+        ],
+      },
+    });
+    expect(refused).toMatchObject({ status: 'rejected', reason: { code: kyselyRefusal?.code } });
+    expect(after).toMatchObject({ status: 'fulfilled', value: { ...viaKysely, insertId: 4n } });
+    expect(committedLabels()).toEqual(['kysely', 'alone', 'grouped', 'after']);
+    expect(statements.filter((s) => s === 'commit')).toHaveLength(1);
+  });
+
   test('behavior: a lone transaction is just BEGIN IMMEDIATE, its statements, COMMIT (no savepoint)', async () => {
     await appendOne('alone');
     expect(statements).toEqual([
