@@ -321,7 +321,7 @@ class ImmediateSqliteDialect extends SqliteDialect {
 }
 
 /** WAL pages after which a commit checkpoints by itself (SQLite's default is 1000): the worker's safety net. */
-const SAFETY_CHECKPOINT_PAGES = 20_000;
+export const SAFETY_CHECKPOINT_PAGES = 20_000;
 
 /**
  * The checkpointer thread: its own connection to the file runs `PRAGMA wal_checkpoint(PASSIVE)` every
@@ -332,7 +332,7 @@ const SAFETY_CHECKPOINT_PAGES = 20_000;
  * durability is the same: what a commit wrote survives a crash of the process at once, and a power loss
  * after the next checkpoint.
  */
-function startCheckpointer(filename: string, intervalMs: number): { stop(): Promise<void> } {
+export function startCheckpointer(filename: string, intervalMs: number): { stop(): Promise<void> } {
   const worker = new Worker(
     `
     const { parentPort, workerData } = require('node:worker_threads');
