@@ -5,8 +5,9 @@
  * validation, no query builder, no engine), its write transactions group-committed per event-loop turn and
  * its WAL checkpointed on a worker thread (the server's `startCheckpointer`), as the server's are: with
  * SQLite's own checkpoint inside the commit that crosses 1,000 pages, one request in about fifty would wait
- * for the fsyncs, and the floor's p99 would be that stall rather than the writes. The harness reports the server against it: how far the server is from what per-request
- * ledger writes allow, apart from how far it is from the bare `node:http` ceiling.
+ * for the fsyncs, and the floor's p99 would be that stall rather than the writes. The harness reports the
+ * server against it: how far the server is from what per-request ledger writes allow, apart from how far it
+ * is from the bare `node:http` ceiling.
  *
  * - `POST /chat`: a non-streamed chat's writes: in one transaction the caller's account and key read under
  *   the write lock, its three rate-limit windows counted, the reservation inserted and held on the account;

@@ -31,6 +31,7 @@ import pg from 'pg';
 import { StorageConfigError, StorageError } from './errors.ts';
 import {
   type DirectStatement,
+  directRunner,
   GROUP_COMMIT_MAX,
   groupCommitting,
   type TransactionRunner,
@@ -184,15 +185,7 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   // A short write outside a group runs straight on the connection too: no other transaction can be open on
   // it then (every write transaction is the group's), and a statement never is half-run (better-sqlite3 is
   // synchronous).
-  const runner: StatementRunner = {
-    executeQuery: <R>(query: CompiledQuery<R>) => {
-      try {
-        return Promise.resolve(direct(query));
-      } catch (error) {
-        return Promise.reject(error);
-      }
-    },
-  };
+  const runner: StatementRunner = directRunner(direct);
   // Every SQLite statement is prepared once (cachingStatements).
   const database = wrap(db, 'sqlite', true, group.transaction, (fn) =>
     group.busy() ? group.transaction(fn) : fn(runner),
