@@ -6,8 +6,8 @@
  * concurrency cap.
  */
 import { readFileSync } from 'node:fs';
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { createServer, type IncomingMessage, request, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { parse, stringify } from 'yaml';
@@ -79,6 +79,17 @@ function route(req: IncomingMessage, res: ServerResponse) {
         .writeHead(400, { 'content-type': 'application/json' })
         .end('{"error":{"message":"context too long"}}');
       return;
+    case 'whole':
+      // The whole answer in one write (headers included), as a fast upstream's arrives.
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(`${chunk('all at once')}${finish}${usage}data: [DONE]\n\n`);
+      return;
+    case 'linger':
+      // `[DONE]`, then the body left open (its last marker not sent) until the test ends it.
+      sse();
+      res.write(`${chunk('done early')}${finish}${usage}data: [DONE]\n\n`);
+      held.push(res);
+      return;
     case 'midfail':
       sse();
       res.write(chunk('Hello'));
@@ -133,6 +144,9 @@ beforeAll(async () => {
       'busy-model': { provider: up('busy429') },
       'reject-model': { provider: up('reject400') },
       'midfail-model': { provider: up('midfail') },
+      'whole-model': { provider: up('whole') },
+      // Its own time limit, far over the test's: only the upstream's [DONE] can end the answer in time.
+      'linger-model': { provider: up('linger', { timeoutMs: 60_000 }) },
       'multi-model': { provider: [up('alpha'), up('beta'), up('gamma')] },
       'failover-model': { provider: [up('fail500'), up('busy429'), up('delta')] },
     }),
@@ -283,6 +297,58 @@ describe('against a second instance of the server', () => {
     const upstreamOutput = theirs.slice(before).find((e) => e.sku === 'chat.output_tokens');
     expect(Number(upstreamOutput?.units) * 1e6).toBeLessThan(3000);
     expect((await gateway.services.ledger.getBalance(accountId)).usdReservedNano).toBe(0n);
+  });
+});
+
+describe('streaming without extra writes', () => {
+  test('behavior: an upstream answer read at once leaves the gateway in one socket write, its final frames included', async () => {
+    // The socket writes of the gateway's side of one new connection (its response's, all of them).
+    let writes = 0;
+    const count = (socket: Socket) => {
+      const target = socket as unknown as { _writeGeneric: (...args: unknown[]) => unknown };
+      const original = target._writeGeneric;
+      target._writeGeneric = function (this: unknown, ...args: unknown[]) {
+        writes += 1;
+        return original.apply(this, args);
+      };
+    };
+    gateway.http.once('connection', count);
+    const body = await new Promise<string>((resolve, reject) => {
+      const req = request(
+        `${gateway.base}/chat/completions`,
+        {
+          method: 'POST',
+          agent: false,
+          headers: { authorization: `Bearer ${gatewayKey}`, 'content-type': 'application/json' },
+        },
+        (res) => {
+          let text = '';
+          res.setEncoding('utf8');
+          res.on('data', (part: string) => {
+            text += part;
+          });
+          res.on('end', () => resolve(text));
+          res.on('error', reject);
+        },
+      );
+      req.on('error', reject);
+      req.end(JSON.stringify({ model: 'whole-model', stream: true, messages: USER }));
+    });
+    expect(body).toContain('"content":"all at once"');
+    expect(body).toContain('"usage":');
+    expect(body.trimEnd().endsWith('data: [DONE]')).toBe(true);
+    expect(writes).toBe(1);
+  });
+
+  test("behavior: the answer ends at the upstream's [DONE], without waiting for the upstream to end its body", async () => {
+    const before = held.length;
+    const list = await events(await call(gateway, gatewayKey, { model: 'linger-model', stream: true }));
+    // The gateway's answer is complete while the upstream's body is still open.
+    expect(held.length).toBe(before + 1);
+    expect((held.at(-1) as ServerResponse).writableEnded).toBe(false);
+    expect(list.at(-1)?.data).toBe('[DONE]');
+    expect(list.some((e) => JSON.stringify(e.json ?? {}).includes('done early'))).toBe(true);
+    (held.at(-1) as ServerResponse).end();
   });
 });
 

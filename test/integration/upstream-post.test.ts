@@ -67,6 +67,9 @@ async function collect(maxBytes?: number): Promise<ChatEvent[]> {
 test('behavior: finished streams reuse one kept-alive connection; a stream cut at the byte cap drops its own', async () => {
   const before = connections;
   for (let i = 0; i < 3; i++) {
+    // The events end at `[DONE]`; the connection is handed back once the body's last marker is read, a tick
+    // later (a request that reaches the server afterwards finds it free).
+    if (i > 0) await new Promise((resolve) => setImmediate(resolve));
     const events = await collect();
     expect(events.filter((e) => e.type === 'delta').map((e) => (e as { content?: string }).content)).toEqual([
       'Hello',
@@ -76,6 +79,7 @@ test('behavior: finished streams reuse one kept-alive connection; a stream cut a
   expect(connections - before).toBe(1);
 
   filler = 64 * 1024;
+  await new Promise((resolve) => setImmediate(resolve));
   await expect(collect(16 * 1024)).rejects.toMatchObject({ kind: 'failed' });
   filler = 0;
   // The cut connection is not reused: the next call opens a new one, and works.

@@ -255,11 +255,22 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
         if (outcome === 'ok') outcome = request.signal?.aborted ? 'client_abort' : 'failed';
         throw error;
       } finally {
-        // After `[DONE]` the rest is drained and the connection kept (still under the timer); otherwise dropped.
-        await response?.release(done);
-        clearTimeout(timeout);
-        request.signal?.removeEventListener('abort', onClientGone);
-        options.observe?.(outcome, (performance.now() - started) / 1000);
+        const finish = () => {
+          clearTimeout(timeout);
+          request.signal?.removeEventListener('abort', onClientGone);
+          options.observe?.(outcome, (performance.now() - started) / 1000);
+        };
+        if (done && response) {
+          // After `[DONE]` the rest (the chunked body's last marker, at least one tick away) is drained and the
+          // connection kept, still under the timer and the client's signal, without the events' reader waiting
+          // for it: the answer's final frames leave with its others (one socket write when the upstream's
+          // answer came in one read, instead of two), and do not wait for an upstream slow to end its body.
+          void response.release(true).then(finish, finish);
+        } else {
+          // Otherwise the connection is dropped.
+          await response?.release(false);
+          finish();
+        }
       }
     },
   };
