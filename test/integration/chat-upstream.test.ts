@@ -6,14 +6,14 @@
  * concurrency cap.
  */
 import { readFileSync } from 'node:fs';
-import { createServer, type IncomingMessage, request, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo, Socket } from 'node:net';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { parse, stringify } from 'yaml';
 import { readSseEvents } from '../../client/sse.ts';
 import type { ChatCompletion } from '../../generated/api.d.ts';
-import { type ChatServer, startChatServer } from '../support/chat-server.ts';
+import { type ChatServer, postWatchingWrites, startChatServer } from '../support/chat-server.ts';
 import { ContractValidator, loadBundle, repoRoot } from '../support/contract.ts';
 
 const validator = new ContractValidator(loadBundle());
@@ -302,42 +302,15 @@ describe('against a second instance of the server', () => {
 
 describe('streaming without extra writes', () => {
   test('behavior: an upstream answer read at once leaves the gateway in one socket write, its final frames included', async () => {
-    // The socket writes of the gateway's side of one new connection (its response's, all of them).
-    let writes = 0;
-    const count = (socket: Socket) => {
-      const target = socket as unknown as { _writeGeneric: (...args: unknown[]) => unknown };
-      const original = target._writeGeneric;
-      target._writeGeneric = function (this: unknown, ...args: unknown[]) {
-        writes += 1;
-        return original.apply(this, args);
-      };
-    };
-    gateway.http.once('connection', count);
-    const body = await new Promise<string>((resolve, reject) => {
-      const req = request(
-        `${gateway.base}/chat/completions`,
-        {
-          method: 'POST',
-          agent: false,
-          headers: { authorization: `Bearer ${gatewayKey}`, 'content-type': 'application/json' },
-        },
-        (res) => {
-          let text = '';
-          res.setEncoding('utf8');
-          res.on('data', (part: string) => {
-            text += part;
-          });
-          res.on('end', () => resolve(text));
-          res.on('error', reject);
-        },
-      );
-      req.on('error', reject);
-      req.end(JSON.stringify({ model: 'whole-model', stream: true, messages: USER }));
+    const { text: body, writes } = await postWatchingWrites(gateway, gatewayKey, '/chat/completions', {
+      model: 'whole-model',
+      stream: true,
+      messages: USER,
     });
     expect(body).toContain('"content":"all at once"');
     expect(body).toContain('"usage":');
     expect(body.trimEnd().endsWith('data: [DONE]')).toBe(true);
-    expect(writes).toBe(1);
+    expect(writes).toHaveLength(1);
   });
 
   test("behavior: the answer ends at the upstream's [DONE], without waiting for the upstream to end its body", async () => {

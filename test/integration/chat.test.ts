@@ -4,14 +4,12 @@
  * fail if the option did nothing. Response validation is on, so every JSON body was checked against the
  * contract; every stream chunk is checked here against `ChatCompletionStreamEvent`.
  */
-import { request } from 'node:http';
-import type { Socket } from 'node:net';
 import OpenAI from 'openai';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { readSseEvents } from '../../client/sse.ts';
 import type { ChatCompletion, ChatCompletionChunk } from '../../generated/api.d.ts';
 import { formatNanoUsd, parseUsdToNano } from '../../server/money.ts';
-import { type ChatServer, startChatServer } from '../support/chat-server.ts';
+import { type ChatServer, postWatchingWrites, startChatServer } from '../support/chat-server.ts';
 import { ContractValidator, loadBundle } from '../support/contract.ts';
 import { startPostgres } from '../support/postgres.ts';
 
@@ -222,43 +220,11 @@ describe('streaming', () => {
 describe('socket writes', () => {
   test("behavior: a stream's headers leave in the same socket write as its first frames", async () => {
     const { key } = await server.account('1');
-    // What the server hands its side of the connection, one entry per socket write.
-    const writes: string[] = [];
-    server.http.once('connection', (socket: Socket) => {
-      const writable = socket as Socket & {
-        _write(chunk: Buffer | string, encoding: string, cb: () => void): void;
-        _writev(chunks: Array<{ chunk: Buffer | string }>, cb: () => void): void;
-      };
-      const write = writable._write.bind(writable);
-      const writev = writable._writev.bind(writable);
-      writable._write = (chunk, encoding, cb) => {
-        writes.push(String(chunk));
-        write(chunk, encoding, cb);
-      };
-      writable._writev = (chunks, cb) => {
-        writes.push(chunks.map((c) => String(c.chunk)).join(''));
-        writev(chunks, cb);
-      };
-    });
-    const body = JSON.stringify({ model: 'llama-3.3-70b', messages: USER, stream: true, max_tokens: 8 });
-    const text = await new Promise<string>((resolve, reject) => {
-      const req = request(
-        `${server.base}/chat/completions`,
-        {
-          method: 'POST',
-          agent: false,
-          headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
-        },
-        (res) => {
-          let all = '';
-          res.on('data', (chunk: Buffer) => {
-            all += chunk.toString('utf8');
-          });
-          res.on('end', () => resolve(all));
-        },
-      );
-      req.on('error', reject);
-      req.end(body);
+    const { text, writes } = await postWatchingWrites(server, key, '/chat/completions', {
+      model: 'llama-3.3-70b',
+      messages: USER,
+      stream: true,
+      max_tokens: 8,
     });
     expect(text).toContain('data: [DONE]');
     expect(writes[0]).toMatch(/^HTTP\/1\.1 200 OK\r\n/);

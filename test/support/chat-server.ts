@@ -3,8 +3,8 @@
  * funded accounts and to read their ledgers.
  */
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import type { Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { request, type Server } from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { type Logger, pino } from 'pino';
@@ -71,4 +71,56 @@ export async function startChatServer(
       rmSync(scratch, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * POSTs `body` as JSON to `path` (under the base path) on a connection of its own, and records what the server
+ * hands its side of that connection: one entry per socket write. For tests of how an answer leaves.
+ */
+export async function postWatchingWrites(
+  server: ChatServer,
+  key: string,
+  path: string,
+  body: unknown,
+): Promise<{ text: string; writes: string[] }> {
+  const writes: string[] = [];
+  server.http.once('connection', (socket: Socket) => {
+    const writable = socket as Socket & {
+      _write(chunk: Buffer | string, encoding: string, cb: () => void): void;
+      _writev(chunks: Array<{ chunk: Buffer | string }>, cb: () => void): void;
+    };
+    const write = writable._write.bind(writable);
+    const writev = writable._writev.bind(writable);
+    writable._write = (chunk, encoding, cb) => {
+      writes.push(String(chunk));
+      write(chunk, encoding, cb);
+    };
+    writable._writev = (chunks, cb) => {
+      writes.push(chunks.map((c) => String(c.chunk)).join(''));
+      writev(chunks, cb);
+    };
+  });
+  const text = await new Promise<string>((resolve, reject) => {
+    const req = request(
+      `${server.base}${path}`,
+      {
+        method: 'POST',
+        // A connection of its own: the one the server sees next.
+        agent: false,
+        headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+      },
+      (res) => {
+        let all = '';
+        res.setEncoding('utf8');
+        res.on('data', (part: string) => {
+          all += part;
+        });
+        res.on('end', () => resolve(all));
+        res.on('error', reject);
+      },
+    );
+    req.on('error', reject);
+    req.end(JSON.stringify(body));
+  });
+  return { text, writes };
 }
