@@ -66,8 +66,11 @@ export function directRunner(direct: DirectStatement) {
  * statement straight on the connection the transaction holds (directRunner). The transaction itself (BEGIN,
  * COMMIT, its hold on the connection) and the statements of query builders stay Kysely's.
  */
-function straight<DB>(trx: Transaction<DB>, direct: DirectStatement): Transaction<DB> {
-  Object.defineProperty(trx, 'executeQuery', { value: directRunner(direct).executeQuery });
+function straight<DB>(
+  trx: Transaction<DB>,
+  executeQuery: ReturnType<typeof directRunner>['executeQuery'],
+): Transaction<DB> {
+  Object.defineProperty(trx, 'executeQuery', { value: executeQuery });
   return trx;
 }
 
@@ -96,6 +99,8 @@ export function groupCommitting<DB>(
   maxGroup = GROUP_COMMIT_MAX,
   direct?: DirectStatement,
 ): GroupCommitting<DB> {
+  // Made once: every group's transaction gets the same one (straight).
+  const straightQuery = direct && directRunner(direct).executeQuery;
   const queue: Waiting<DB>[] = [];
   let draining = false;
 
@@ -133,7 +138,7 @@ export function groupCommitting<DB>(
     try {
       await db.transaction().execute(async (opened) => {
         began = true;
-        const trx = direct ? straight(opened, direct) : opened;
+        const trx = straightQuery ? straight(opened, straightQuery) : opened;
         try {
           done.push(completed(first, await first.fn(trx)));
         } catch (error) {

@@ -4,10 +4,10 @@
  * default id source (time-ordered UUIDs) and statements compiled once.
  */
 import { createHash, randomFillSync } from 'node:crypto';
-import { type Compilable, CompiledQuery, type Kysely, type QueryResult, type RawBuilder } from 'kysely';
+import { type Compilable, CompiledQuery, type QueryResult, type RawBuilder } from 'kysely';
 import pg from 'pg';
+import type { Database } from './database.ts';
 import { InvalidInputError } from './errors.ts';
-import type { Tables } from './schema.ts';
 
 export const DAY_MS = 86_400_000;
 
@@ -201,18 +201,18 @@ function literal(value: unknown): string {
  * reservation: 0.35 to 0.52 ms instead of 0.72). A connection that does not know the name yet answers 26000, having
  * written nothing; it prepares it and the script runs again. Should the statement not be preparable (not
  * marked by `prepared`, or refused), or the name still be unknown after preparing it (a pooler that moves
- * sessions between statements), the script carries the statement as text; so it does at once when `prepare`
- * is false (Database.prepares).
+ * sessions between statements), the script carries the statement as text; so it does at once on a database
+ * whose statements go as text (Database.prepares false).
  */
 export async function scriptThenPrepared<R>(
-  db: Kysely<Tables>,
+  database: Pick<Database, 'db' | 'prepares'>,
   head: string,
   statement: CompiledQuery<R>,
-  prepare = true,
 ): Promise<R[]> {
+  const { db } = database;
   // The statement as text: written only when it is sent so (no name, or the name cannot be used).
   const asText = () => `${head};\n${withLiterals(statement)}`;
-  const name = prepare ? preparedName(prepared(statement).sql) : undefined;
+  const name = database.prepares ? preparedName(prepared(statement).sql) : undefined;
   if (!name) return (await db.executeQuery(CompiledQuery.raw(asText()))).rows as R[];
   const values = statement.parameters.map(literal).join(', ');
   const executed = `${head};\nexecute ${name}_s${values ? `(${values})` : ''}`;

@@ -1033,12 +1033,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     let rows: { usd_balance_nano: bigint }[];
     try {
       // The hold as a prepared statement after the lock, in one round trip.
-      rows = await scriptThenPrepared(
-        db,
-        withLiterals(lock.compile(db)),
-        hold.compile(db),
-        database.prepares,
-      );
+      rows = await scriptThenPrepared(database, withLiterals(lock.compile(db)), hold.compile(db));
     } catch (error) {
       // Something refused after something else wrote (see above), or a CHECK refused a write.
       if (undoneByConstraint(error)) return undefined;

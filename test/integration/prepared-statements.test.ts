@@ -124,16 +124,14 @@ test('behavior: a script runs its last statement as a SQL-level prepared one, pr
         v: string;
         n: string;
       }>`select cast(${value} as text) as v, cast(${7} as bigint) + 1 as n`.compile(watched.db);
-    expect(await scriptThenPrepared(watched.db, 'select 1', statement("it's"))).toEqual([
-      { v: "it's", n: 8n },
-    ]);
+    expect(await scriptThenPrepared(watched, 'select 1', statement("it's"))).toEqual([{ v: "it's", n: 8n }]);
     // Unknown on this connection (26000, nothing written), prepared, run again.
     expect(sent).toHaveLength(3);
     expect(sent[0]).toMatch(/^select 1;\nexecute svc_[0-9a-f]+_s\('it''s', 7\)$/);
     expect(sent[1]).toMatch(/^prepare svc_[0-9a-f]+_s as select cast\(\$1 as text\)/);
     expect(sent[2]).toBe(sent[0]);
     sent.length = 0;
-    expect(await scriptThenPrepared(watched.db, 'select 1', statement('again'))).toEqual([
+    expect(await scriptThenPrepared(watched, 'select 1', statement('again'))).toEqual([
       { v: 'again', n: 8n },
     ]);
     expect(sent).toHaveLength(1);
@@ -144,7 +142,7 @@ test('fault: a statement PostgreSQL cannot prepare runs as text in the script, a
   await watchedDatabase('scripts_text', async (watched, sent) => {
     // A parameter whose type nothing determines: PREPARE refuses it; as a literal it is text.
     const statement = sql<{ v: boolean }>`select ${'plain'} is null as v`.compile(watched.db);
-    expect(await scriptThenPrepared(watched.db, 'select 1', statement)).toEqual([{ v: false }]);
+    expect(await scriptThenPrepared(watched, 'select 1', statement)).toEqual([{ v: false }]);
     expect(sent.at(-1)).toBe("select 1;\nselect 'plain' is null as v");
   });
 });
@@ -186,9 +184,7 @@ test('fault: behind a pooler that loses prepared statements between calls, the d
       expect((await balance()).usdNano).toBe(1_000_000_000n - 14_000n);
       // A script carries its last statement as text at once: no `execute`, no `prepare`.
       const statement = sql<{ v: string }>`select cast(${'x'} as text) as v`.compile(watched.db);
-      expect(await scriptThenPrepared(watched.db, 'select 1', statement, watched.prepares)).toEqual([
-        { v: 'x' },
-      ]);
+      expect(await scriptThenPrepared(watched, 'select 1', statement)).toEqual([{ v: 'x' }]);
       expect(sent.at(-1)).toBe("select 1;\nselect cast('x' as text) as v");
       expect(sent.filter((text) => /^(prepare|execute) |\nexecute /.test(text))).toEqual([]);
       const { rows } = await sql`select name from pg_prepared_statements`.execute(watched.db);
