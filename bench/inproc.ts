@@ -14,6 +14,8 @@ import { Session } from 'node:inspector/promises';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import Sqlite from 'better-sqlite3';
 import pg from 'pg';
 import { pino } from 'pino';
@@ -184,6 +186,17 @@ try {
     await session.post('Profiler.setSamplingInterval', { interval: 100 });
     await session.post('Profiler.start');
   }
+  // BENCH_PROMOTED=1: a sampling heap profile of what this run allocates that outlives a scavenge.
+  const promoted = process.env.BENCH_PROMOTED === '1';
+  if (promoted) {
+    if (!profiling) session.connect();
+    await session.post('HeapProfiler.enable');
+    await session.post('HeapProfiler.startSampling', {
+      samplingInterval: 1024,
+      includeObjectsCollectedByMajorGC: true,
+      includeObjectsCollectedByMinorGC: false,
+    } as never);
+  }
   const times: number[] = [];
   await mark('start');
   const cpuBefore = process.cpuUsage();
@@ -199,6 +212,13 @@ try {
     rmSync(outDir, { recursive: true, force: true });
     mkdirSync(outDir, { recursive: true });
     writeFileSync(join(outDir, `${target}.cpuprofile`), JSON.stringify(profile));
+  }
+  if (promoted) {
+    // A scavenge first: what the last requests allocated and no longer use leaves the profile.
+    setFlagsFromString('--expose-gc');
+    (runInNewContext('gc') as (options: object) => void)({ type: 'minor' });
+    const { profile } = await session.post('HeapProfiler.stopSampling');
+    writeFileSync(join(repoRoot, 'bench', 'results', `${target}.heapprofile`), JSON.stringify(profile));
   }
   for (const [key, { us, n }] of [...sqlTimes].sort((a, b) => b[1].us - a[1].us)) {
     console.log(`${(us / n).toFixed(1).padStart(8)} µs x${n} ${key}`);

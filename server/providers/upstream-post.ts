@@ -11,7 +11,7 @@ export type UpstreamAnswer = {
   status: number;
   /** A response header (case-insensitive name), undefined when absent. */
   header(name: string): string | undefined;
-  /** The body's chunks as they arrive. Aborting the request's signal ends it with an error. */
+  /** The body's chunks as they arrive. Cancelling the call ends it with an error. */
   body: AsyncIterable<Uint8Array>;
   /**
    * Done with the answer: `complete` when everything needed was read (the rest is drained, and this settles
@@ -20,28 +20,38 @@ export type UpstreamAnswer = {
   release(complete: boolean): Promise<void>;
 };
 
+/**
+ * A call under way. `cancel()` ends it at any point (the caller's timer, its client gone): the answer, or the
+ * body being read, fails and the connection is dropped; after the answer was released it does nothing. A call
+ * takes no `AbortSignal`: each signal Node makes gets a hidden class of its own in V8's old generation, which
+ * the adapter's path paid for on every call (bench/HISTORY.md, thirteenth round).
+ */
+export type UpstreamCall = { answer: Promise<UpstreamAnswer>; cancel(): void };
+
 export type UpstreamPost = (
   url: string,
-  init: { headers: Record<string, string>; body: string; signal: AbortSignal },
-) => Promise<UpstreamAnswer>;
+  init: { headers: Record<string, string>; body: string },
+) => UpstreamCall;
 
 const agents = {
   http: new http.Agent({ keepAlive: true, maxSockets: 256 }),
   https: new https.Agent({ keepAlive: true, maxSockets: 256 }),
 };
 
+const cancelled = () => new DOMException('This operation was aborted', 'AbortError');
+
 /** The default transport: node:http(s), a kept-alive connection per upstream host. */
-export const nodePost: UpstreamPost = (url, init) =>
-  new Promise((resolve, reject) => {
-    const target = new URL(url);
-    const secure = target.protocol === 'https:';
-    const request = (secure ? https : http).request(
+export const nodePost: UpstreamPost = (url, init) => {
+  const target = new URL(url);
+  const secure = target.protocol === 'https:';
+  let request: http.ClientRequest | undefined;
+  const answer = new Promise<UpstreamAnswer>((resolve, reject) => {
+    request = (secure ? https : http).request(
       target,
       {
         method: 'POST',
         agent: secure ? agents.https : agents.http,
         headers: { ...init.headers, 'content-length': String(Buffer.byteLength(init.body)) },
-        signal: init.signal,
       },
       (response) => {
         resolve({
@@ -71,25 +81,35 @@ export const nodePost: UpstreamPost = (url, init) =>
     request.on('error', reject);
     request.end(init.body);
   });
+  // A request whose connection went back to the agent is `destroyed` already: cancelling it then does nothing.
+  return { answer, cancel: () => void request?.destroy(cancelled()) };
+};
+
+/** A body without chunks (an answer without one). */
+async function* noChunks(): AsyncGenerator<Uint8Array> {}
 
 /** The same through a `fetch` implementation. */
 export function fetchPost(doFetch: typeof fetch): UpstreamPost {
-  return async (url, init) => {
-    const response = await doFetch(url, {
-      method: 'POST',
-      headers: init.headers,
-      body: init.body,
-      signal: init.signal,
-    });
-    const body = response.body;
-    return {
-      status: response.status,
-      header: (name) => response.headers.get(name) ?? undefined,
-      body: body ? readerChunks(body) : (async function* () {})(),
-      async release() {
-        if (body && !body.locked) await body.cancel().catch(() => {});
-      },
-    };
+  return (url, init) => {
+    const controller = new AbortController();
+    const answer = (async (): Promise<UpstreamAnswer> => {
+      const response = await doFetch(url, {
+        method: 'POST',
+        headers: init.headers,
+        body: init.body,
+        signal: controller.signal,
+      });
+      const body = response.body;
+      return {
+        status: response.status,
+        header: (name) => response.headers.get(name) ?? undefined,
+        body: body ? readerChunks(body) : noChunks(),
+        async release() {
+          if (body && !body.locked) await body.cancel().catch(() => {});
+        },
+      };
+    })();
+    return { answer, cancel: () => controller.abort(cancelled()) };
   };
 }
 

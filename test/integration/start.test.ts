@@ -2,9 +2,9 @@
  * `npm start` (`server/start.mjs`): the server compiled once at start and run without a TypeScript loader in
  * the process. It serves and streams like `server/main.ts` under tsx, its compiled modules keep their own
  * paths (the spec and the catalogue next to them are found), and outside production its stack traces map
- * back to the `.ts` sources.
+ * back to the `.ts` sources. The build does not wrap functions in esbuild's `__name` (no `keepNames`).
  */
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, test } from 'vitest';
@@ -78,5 +78,11 @@ describe('server/start.mjs', () => {
     const build = buildOf(server.output());
     expect(existsSync(join(build, 'main.js'))).toBe(true);
     expect(existsSync(join(build, 'main.js.map'))).toBe(false);
+    // No esbuild `keepNames` helper: it would define `name` on every closure the server makes per request.
+    const modules = [
+      join(build, 'main.js'),
+      ...readdirSync(join(build, 'chunks')).map((f) => join(build, 'chunks', f)),
+    ];
+    expect(modules.filter((path) => readFileSync(path, 'utf8').includes('__name('))).toEqual([]);
   });
 });

@@ -164,30 +164,35 @@ const bump = (t: Tally, e: LedgerEntry) => {
   if (e.type === 'CHARGE' && e.units !== null) t.units += Number(e.units);
 };
 
+/**
+ * The account's usage entries between two instants, page by page. At module level, as every generator function
+ * (`test/unit/generator-scope.test.ts` says why).
+ */
+async function* entriesBetween(
+  ledger: BillingHandlerDeps['ledger'],
+  accountId: string,
+  startMs: number,
+  endMs: number,
+): AsyncGenerator<LedgerEntry> {
+  let after: number | undefined;
+  for (;;) {
+    const page = await ledger.listEntriesSince(accountId, {
+      ...(after === undefined ? {} : { afterSeq: after }),
+      startMs,
+      endMs,
+      types: [...USAGE_TYPES],
+      limit: 1000,
+    });
+    yield* page;
+    if (page.length < 1000) return;
+    after = page.at(-1)?.seq;
+  }
+}
+
 export function createBillingHandlers(
   deps: BillingHandlerDeps,
 ): Pick<HandlerTable, 'getBillingBalance' | 'getBillingUsageHistory' | 'getBillingUsageAnalytics'> {
   const now = deps.now ?? Date.now;
-
-  async function* entriesBetween(
-    accountId: string,
-    startMs: number,
-    endMs: number,
-  ): AsyncGenerator<LedgerEntry> {
-    let after: number | undefined;
-    for (;;) {
-      const page = await deps.ledger.listEntriesSince(accountId, {
-        ...(after === undefined ? {} : { afterSeq: after }),
-        startMs,
-        endMs,
-        types: [...USAGE_TYPES],
-        limit: 1000,
-      });
-      yield* page;
-      if (page.length < 1000) return;
-      after = page.at(-1)?.seq;
-    }
-  }
 
   return {
     async getBillingBalance({ principal }) {
@@ -279,7 +284,7 @@ export function createBillingHandlers(
       const byKey = new Map<string, Tally>();
       const modelDaily = new Map<number, Map<string, bigint>>();
       const keyDaily = new Map<number, Map<string, bigint>>();
-      for await (const e of entriesBetween(caller.accountId, window.startMs, window.endMs)) {
+      for await (const e of entriesBetween(deps.ledger, caller.accountId, window.startMs, window.endMs)) {
         const day = Math.floor(e.createdAtMs / DAY_MS) * DAY_MS;
         const dateKey = new Date(day).toISOString().slice(0, 10);
         bump(byDate.get(dateKey) ?? byDate.set(dateKey, tally()).get(dateKey) ?? tally(), e);

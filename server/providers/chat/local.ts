@@ -267,6 +267,28 @@ function* drawSentences(
   }
 }
 
+/**
+ * The intro, then the sentences drawn one at a time (the first spaced from the intro). At module level, as
+ * every generator function of a request's path: a generator function made per call gets its own initial map,
+ * which V8 keeps in the old generation and which points back at the function and so at the request's whole
+ * scope, promoting it at the next scavenge (HISTORY.md, thirteenth round).
+ */
+function* introThenSentences(
+  intro: string,
+  sampler: Sampler,
+  random: () => number,
+  words: number,
+  limit: number,
+): Generator<Piece, void, undefined> {
+  yield fixedPiece(intro);
+  let first = true;
+  for (const piece of drawSentences(sampler, random, words, limit)) {
+    if (first) piece.text = ` ${piece.text}`;
+    first = false;
+    yield piece;
+  }
+}
+
 /** The same pieces, all drawn at once (for answers that are edited or searched before they are sent). */
 function sentences(sampler: Sampler, random: () => number, words: number, limit = words): Piece[] {
   return [...drawSentences(sampler, random, words, limit)];
@@ -606,15 +628,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
             );
           } else {
             // Drawn as they are sent (a stream holds one word at a time, not its whole answer).
-            pieces = (function* () {
-              yield fixedPiece(intro);
-              let first = true;
-              for (const piece of drawSentences(sampler, shape, words, budget + 1)) {
-                if (first) piece.text = ` ${piece.text}`;
-                first = false;
-                yield piece;
-              }
-            })();
+            pieces = introThenSentences(intro, sampler, shape, words, budget + 1);
           }
           let sent = 0;
           for (const planned of planPieces(pieces, 'content', topN)) {

@@ -8,7 +8,13 @@
  */
 import { readSseChunks } from '../../../client/sse.ts';
 import { redactSecret, redactUrl, type UpstreamAdapterOptions, upstreamError } from '../http.ts';
-import { fetchPost, nodePost, readAnswerCapped, type UpstreamAnswer } from '../upstream-post.ts';
+import {
+  fetchPost,
+  nodePost,
+  readAnswerCapped,
+  type UpstreamAnswer,
+  type UpstreamCall,
+} from '../upstream-post.ts';
 import { countPromptTokens, countTokens } from './tokenizer.ts';
 import {
   type ChatEvent,
@@ -40,6 +46,24 @@ type UpstreamChunk = {
   error?: { message?: string; code?: string | null; type?: string };
 };
 
+/**
+ * The chunks of an answer's body, failing with `over()` past `maxBytes`. At module level: a generator function
+ * made per answer gets an initial map of its own, kept by V8 in the old generation and pointing back at the
+ * function and the answer's scope, which then outlives every scavenge (HISTORY.md, thirteenth round).
+ */
+async function* capped(
+  chunks: AsyncIterable<Uint8Array>,
+  maxBytes: number,
+  over: () => Error,
+): AsyncGenerator<Uint8Array> {
+  let bytes = 0;
+  for await (const chunk of chunks) {
+    bytes += chunk.byteLength;
+    if (bytes > maxBytes) throw over();
+    yield chunk;
+  }
+}
+
 export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions): ChatProvider {
   const post = options.fetch ? fetchPost(options.fetch) : nodePost;
   const maxBytes = options.maxBytes ?? 16 * 1024 * 1024;
@@ -50,18 +74,21 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
     async *stream(request: ChatProviderRequest): AsyncGenerator<ChatEvent> {
       const started = performance.now();
       let outcome = 'ok';
-      const timer = new AbortController();
+      let call: UpstreamCall | undefined;
+      let timedOut = false;
       let timeout: NodeJS.Timeout | undefined;
       // One timer for the whole answer, pushed back at every event (not a new timer per event).
       const arm = () => {
         if (timeout) timeout.refresh();
-        else timeout = setTimeout(() => timer.abort(), options.timeoutMs);
+        else
+          timeout = setTimeout(() => {
+            timedOut = true;
+            call?.cancel();
+          }, options.timeoutMs);
       };
-      // The client leaving aborts the upstream call too (a listener, not AbortSignal.any: cheaper per call).
-      const onClientGone = () => timer.abort(request.signal?.reason);
-      if (request.signal?.aborted) onClientGone();
-      else request.signal?.addEventListener('abort', onClientGone, { once: true });
-      const signal = timer.signal;
+      // The client leaving cancels the upstream call too (a listener, not a signal of our own: see UpstreamCall).
+      const onClientGone = () => call?.cancel();
+      request.signal?.addEventListener('abort', onClientGone, { once: true });
       const fail = (
         kind: ChatProviderError['kind'],
         message: string,
@@ -76,7 +103,7 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
           outcome = 'client_abort';
           return error;
         }
-        if (timer.signal.aborted)
+        if (timedOut)
           return fail('timeout', `Upstream ${options.name} did not answer within ${options.timeoutMs} ms`, {
             cause: error,
           });
@@ -117,15 +144,16 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
       try {
         arm();
         try {
-          response = await post(endpoint, {
+          call = post(endpoint, {
             headers: {
               'content-type': 'application/json',
               accept: 'text/event-stream',
               ...(options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {}),
             },
             body: JSON.stringify(body),
-            signal,
           });
+          if (request.signal?.aborted) call.cancel();
+          response = await call.answer;
         } catch (error) {
           throw translate(error);
         }
@@ -149,17 +177,10 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
         }
         if (!(response.header('content-type') ?? '').includes('text/event-stream'))
           throw fail('failed', `Upstream ${options.name} did not answer with an event stream`);
-        const chunks = response.body;
-        async function* counted() {
-          let bytes = 0;
-          for await (const chunk of chunks) {
-            bytes += chunk.byteLength;
-            if (bytes > maxBytes)
-              throw fail('failed', `Upstream ${options.name} answer exceeds ${maxBytes} bytes`);
-            yield chunk;
-          }
-        }
-        const events = readSseChunks(counted())[Symbol.asyncIterator]();
+        const chunks = capped(response.body, maxBytes, () =>
+          fail('failed', `Upstream ${options.name} answer exceeds ${maxBytes} bytes`),
+        );
+        const events = readSseChunks(chunks)[Symbol.asyncIterator]();
         for (;;) {
           arm();
           let next: IteratorResult<{ data: string }>;
