@@ -331,7 +331,7 @@ export function createApp(deps: AppDeps): express.Express {
         }
         if (deps.replyHeaders && principal) {
           const after = await deps.replyHeaders({ operationId, principal });
-          reply.headers = { ...reply.headers, ...after };
+          reply.headers = Object.assign({}, reply.headers, after);
         }
         return reply;
       })

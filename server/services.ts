@@ -39,6 +39,7 @@ import type { ReplyHeaders } from './http/contract.ts';
 import { createInFlight } from './http/in-flight.ts';
 import { loadContract } from './http/spec.ts';
 import { formatUsdFixed, nanoToUsdNumber } from './money.ts';
+import { extend } from './objects.ts';
 import { createMetrics } from './observability/metrics.ts';
 import { createSearxngSearch } from './providers/search/searxng.ts';
 import type { Facilitator } from './providers/x402/facilitator.ts';
@@ -353,7 +354,7 @@ export async function createServices(
       const resolved =
         model && inferenceOperations.has(operationId) ? catalog.resolveModel(model) : undefined;
       if (!resolved) return limits;
-      return { ...limits, ...catalog.deprecationHeaders(resolved.remappedFrom ?? resolved.model) };
+      return extend(limits, catalog.deprecationHeaders(resolved.remappedFrom ?? resolved.model));
     },
     answerHeaders: ({ operationId, principal }) =>
       inferenceOperations.has(operationId) ? balanceHeaders(principal) : Promise.resolve({}),

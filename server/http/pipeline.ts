@@ -16,6 +16,7 @@
  * a pure function of the method and the path, so it is looked up once per (method, path) and copied.
  */
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
+import { extend } from '../objects.ts';
 import { BASE_PATH } from './spec.ts';
 
 type Step = (req: Request, res: Response, next: NextFunction) => unknown;
@@ -88,7 +89,7 @@ export function rememberRouteMatches(metadata: Step): Step {
     const match = remembered.get(key);
     if (match) {
       const pathParams = { ...match.pathParams };
-      request.openapi = { ...match, pathParams };
+      request.openapi = extend(match, { pathParams });
       req.params = pathParams;
       next();
       return;
@@ -97,7 +98,7 @@ export function rememberRouteMatches(metadata: Step): Step {
       const found = request.openapi;
       if ((error === undefined || error === null) && found) {
         if (remembered.size >= MAX_REMEMBERED) remembered.clear();
-        remembered.set(key, { ...found, pathParams: { ...found.pathParams } });
+        remembered.set(key, extend(found, { pathParams: { ...found.pathParams } }));
       }
       next(error as Error);
     });

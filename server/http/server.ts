@@ -15,6 +15,7 @@
 import { createServer, IncomingMessage, type Server, type ServerOptions, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Express } from 'express';
+import { extend } from '../objects.ts';
 
 export function createHttpServer(app: Express, options: ServerOptions = {}): Server {
   // Function constructors, not classes: the instances' prototype must be exactly Express's object.
@@ -28,11 +29,10 @@ export function createHttpServer(app: Express, options: ServerOptions = {}): Ser
   }
   AppResponse.prototype = app.response;
   return createServer(
-    {
-      ...options,
+    extend(options, {
       IncomingMessage: AppRequest as unknown as typeof IncomingMessage,
       ServerResponse: AppResponse as unknown as typeof ServerResponse,
-    },
+    }),
     app,
   );
 }

@@ -6,6 +6,7 @@
 import http from 'node:http';
 import https from 'node:https';
 import { readerChunks } from '../../client/sse.ts';
+import { extend } from '../objects.ts';
 
 export type UpstreamAnswer = {
   status: number;
@@ -51,7 +52,7 @@ export const nodePost: UpstreamPost = (url, init) => {
       {
         method: 'POST',
         agent: secure ? agents.https : agents.http,
-        headers: { ...init.headers, 'content-length': String(Buffer.byteLength(init.body)) },
+        headers: extend(init.headers, { 'content-length': String(Buffer.byteLength(init.body)) }),
       },
       (response) => {
         resolve({

@@ -28,6 +28,7 @@ import {
   sql,
 } from 'kysely';
 import pg from 'pg';
+import { extend } from '../objects.ts';
 import { StorageConfigError, StorageError } from './errors.ts';
 import {
   type DirectStatement,
@@ -192,13 +193,12 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   );
   if (!checkpointer) return database;
   let closing: Promise<void> | undefined;
-  return {
-    ...database,
+  return extend(database, {
     close() {
       closing ??= checkpointer.stop().then(() => database.close());
       return closing;
     },
-  };
+  });
 }
 
 function openPostgres(connectionString: string, options: CreateDatabaseOptions): Database {

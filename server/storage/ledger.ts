@@ -25,6 +25,7 @@
  */
 import type { Insertable, Kysely, Selectable, Transaction } from 'kysely';
 import { type RawBuilder, sql } from 'kysely';
+import { extend } from '../objects.ts';
 import type { Database } from './database.ts';
 import {
   type Currency,
@@ -892,18 +893,20 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
         const today = await diemUsage(trx, input.accountId, epochDayOf(at));
         const left = maxBig(0n, account.diem_stake_nano - today.usedNano);
         values.push(
-          entryValues({ ...common, currency: 'DIEM', amount_nano: diem, balance_after_nano: left }, at),
+          entryValues(
+            extend(common, { currency: 'DIEM' as const, amount_nano: diem, balance_after_nano: left }),
+            at,
+          ),
         );
       }
       if (usd > 0n) {
         values.push(
           entryValues(
-            {
-              ...common,
-              currency: 'USD',
+            extend(common, {
+              currency: 'USD' as const,
               amount_nano: usd,
               balance_after_nano: account.usd_balance_nano + usd,
-            },
+            }),
             at,
           ),
         );
@@ -1233,7 +1236,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       claimed.diem_nano > 0n
         ? (await diemUsage(trx, claimed.account_id, toNumber(claimed.epoch_day))).usedNano
         : 0n;
-    return insertEntries(trx, chargeEntries(claimed, parts, { ...balances, diemUsedNano }, at));
+    return insertEntries(trx, chargeEntries(claimed, parts, extend(balances, { diemUsedNano }), at));
   }
 
   /** What a capture returns, from its split and the entries it wrote. */
@@ -1277,7 +1280,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     const apiKeyId = input.apiKeyId ?? null;
     if (dialect === 'postgres' && (!within || within.embedded)) {
       const reserved = await reserveAtOnce(input, apiKeyId, at, within?.embedded?.writes);
-      if (reserved) return { ...reserved, within: within?.embedded?.result };
+      if (reserved) return extend(reserved, { within: within?.embedded?.result });
     }
     return database.transaction(async (trx) => {
       // One statement: the account row, locked, with the limits of the key (when one is charged).
@@ -1771,8 +1774,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   const { onEntries } = options;
   if (!onEntries) return ledger;
   // The methods that write entries, told of them once their transaction is committed (their own results).
-  return {
-    ...ledger,
+  return extend(ledger, {
     async topUp(input: TopUpInput): Promise<TopUpResult> {
       const result = await ledger.topUp(input);
       if (result.credited) onEntries([result.entry]);
@@ -1797,5 +1799,5 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       if (result.refunded) onEntries(result.entries);
       return result;
     },
-  };
+  });
 }

@@ -11,6 +11,7 @@
  * serialised; either way exactly one worker wins.
  */
 import type { Selectable, Updateable } from 'kysely';
+import { extend } from '../objects.ts';
 import type { Database } from './database.ts';
 import { type RepositoryOptions, resolveOptions, toNumber, toNumberOrNull } from './internal.ts';
 import type { VideoJobsTable } from './schema.ts';
@@ -150,17 +151,18 @@ export function createVideoJobs(database: Database, options: RepositoryOptions =
         expires_at_ms: at + input.ttlMs,
       };
       await db.insertInto('video_jobs').values(row).execute();
-      return toJob({
-        ...row,
-        lease_owner: null,
-        lease_until_ms: null,
-        upstream_handle: null,
-        error_code: null,
-        error_message: null,
-        recommended_model: null,
-        started_at_ms: null,
-        finished_at_ms: null,
-      });
+      return toJob(
+        extend(row, {
+          lease_owner: null,
+          lease_until_ms: null,
+          upstream_handle: null,
+          error_code: null,
+          error_message: null,
+          recommended_model: null,
+          started_at_ms: null,
+          finished_at_ms: null,
+        }),
+      );
     },
 
     /** The job was paid: hand it to the workers. */

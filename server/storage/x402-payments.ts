@@ -10,6 +10,7 @@
  */
 import type { PendingSettlementStore } from '@x402/core/facilitator';
 import type { Kysely, Selectable } from 'kysely';
+import { extend } from '../objects.ts';
 import type { Database } from './database.ts';
 import { type RepositoryOptions, resolveOptions, toNumber } from './internal.ts';
 import type { Tables, X402PaymentsTable } from './schema.ts';
@@ -91,7 +92,7 @@ export function createX402Payments(database: Database, options: RepositoryOption
   ): Promise<void> {
     await executor
       .updateTable('x402_payments')
-      .set({ ...fields, updated_at_ms: now() })
+      .set(extend(fields, { updated_at_ms: now() }))
       .where('payment_key', '=', paymentKey)
       .execute();
   }

@@ -16,6 +16,7 @@ import type {
 import type { HandlerGroups } from '../../handlers.ts';
 import type { HandlerContext, ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
+import { extend } from '../../objects.ts';
 import type {
   ChatEvent,
   FinishReason,
@@ -338,14 +339,14 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
         // Every chunk of one choice is `{...base, choices: [choice]}`: the part before the choice is the same
         // for the whole stream (`{"id":…,"choices":[`), so it is serialised once: the same bytes as serialising
         // the whole chunk.
-        const chunkHead = JSON.stringify({ ...base, choices: [] }).slice(0, -2);
+        const chunkHead = JSON.stringify(extend(base, { choices: [] })).slice(0, -2);
         const sendChoice = (choice: ChatCompletionChunk['choices'][number]) =>
           write(`${chunkHead}${JSON.stringify(choice)}]}`);
         let usage: ProviderUsage | undefined;
         let failure: unknown;
         // `include_search_results_in_stream`: the sources come first, in a chunk without choices.
         if (prepared.options.include_search_results_in_stream && prepared.searchResults)
-          await send({ ...base, choices: [], service_parameters: echoOf(prepared) });
+          await send(extend(base, { choices: [], service_parameters: echoOf(prepared) }));
         try {
           let next = first;
           while (!next.done) {
@@ -372,7 +373,7 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
                     calls = [{ index: 0, id: documents.id, type: 'function', function: documents.function }];
                   if (toolCalls && toolCalls.length > 0) {
                     calls ??= [];
-                    for (const t of toolCalls) calls.push(documents ? { ...t, index: t.index + 1 } : t);
+                    for (const t of toolCalls) calls.push(documents ? extend(t, { index: t.index + 1 }) : t);
                   }
                   // Keys in the order the interface's examples show them: role, content, reasoning, calls.
                   const delta: ChatCompletionChunk['choices'][number]['delta'] = {};
@@ -426,13 +427,14 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
           }
           const settlement = chat.settle(prepared, usage, produced);
           if (settlement.answerAfter) await settlement.answerAfter;
-          await send({
-            ...base,
-            choices: [],
-            usage: usageBody(settlement.usage),
-            cost: settlement.cost,
-            service_parameters: echoOptions(prepared.options),
-          });
+          await send(
+            extend(base, {
+              choices: [],
+              usage: usageBody(settlement.usage),
+              cost: settlement.cost,
+              service_parameters: echoOptions(prepared.options),
+            }),
+          );
           await send('[DONE]');
         } finally {
           prepared.done();
@@ -465,7 +467,7 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
           status: 200 as const,
           contentType: 'application/json',
           body: begun.response.body,
-          headers: { ...begun.response.headers, 'Idempotent-Replayed': 'true' },
+          headers: extend(begun.response.headers, { 'Idempotent-Replayed': 'true' }),
         };
       if (begun.kind === 'in_flight')
         throw new ApiError(
@@ -507,7 +509,7 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
       const body = ctx.body as ChatCompletionRequest;
       const sent = ctx.sentBody?.service_parameters as ChatCompletionRequest['service_parameters'];
       const prepared = await chat.prepare({
-        body: { ...body, service_parameters: sent ?? {} },
+        body: extend(body, { service_parameters: sent ?? {} }),
         principal,
         requestId: ctx.requestId,
         signal: ctx.signal,

@@ -19,6 +19,7 @@ import type { Backend, CatalogModel } from '../../catalog/types.ts';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError, badRequest, notFound } from '../../http/errors.ts';
 import { nanoToUsdNumber } from '../../money.ts';
+import { extend } from '../../objects.ts';
 import { countPromptTokens, countTokens } from '../../providers/chat/tokenizer.ts';
 import {
   type ChatEvent,
@@ -129,7 +130,7 @@ export function streamErrorBody(error: unknown) {
 
 function toolsOf(body: ChatCompletionRequest): ProviderTool[] | undefined {
   const tools = (body.tools ?? []).filter((t) => (t as { function?: unknown }).function) as ProviderTool[];
-  return tools.length > 0 ? tools.map((t) => ({ ...t, type: 'function' })) : undefined;
+  return tools.length > 0 ? tools.map((t) => extend(t, { type: 'function' as const })) : undefined;
 }
 
 const DONE: IteratorReturnResult<undefined> = { done: true, value: undefined };
@@ -158,11 +159,12 @@ export function createChatService(deps: ChatServiceDeps) {
             provider = deps.providerFor(backend);
             produced = false;
             events = provider
-              .stream({
-                ...prepared.request,
-                model: backend.kind === 'local' ? prepared.model.id : backend.upstreamModel,
-                signal,
-              })
+              .stream(
+                extend(prepared.request, {
+                  model: backend.kind === 'local' ? prepared.model.id : backend.upstreamModel,
+                  signal,
+                }),
+              )
               [Symbol.asyncIterator]();
           }
           try {

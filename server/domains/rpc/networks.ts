@@ -5,6 +5,7 @@
  * once at start.
  */
 import { z } from 'zod';
+import { extend } from '../../objects.ts';
 import type { RpcFamily } from './methods.ts';
 
 export type RpcNetworkDefinition = {
@@ -142,12 +143,14 @@ export function resolveNetworks(input: ResolveNetworksInput): Map<string, RpcNet
     const override = overrides[definition.slug] ?? {};
     const timeoutMs = override.timeoutMs ?? input.timeoutMs;
     const urls = input.upstreamsBySlug[definition.slug] ?? override.upstreams ?? [];
-    networks.set(definition.slug, {
-      ...definition,
-      baseCredits: override.baseCredits ?? definition.baseCredits,
-      chainId: override.chainId === undefined ? definition.chainId : override.chainId,
-      upstreams: urls.map((url) => ({ url, timeoutMs })),
-    });
+    networks.set(
+      definition.slug,
+      extend(definition, {
+        baseCredits: override.baseCredits ?? definition.baseCredits,
+        chainId: override.chainId === undefined ? definition.chainId : override.chainId,
+        upstreams: urls.map((url) => ({ url, timeoutMs })),
+      }),
+    );
   }
   return networks;
 }

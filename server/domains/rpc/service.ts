@@ -12,6 +12,7 @@ import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
 import { randomHex } from '../../http/random-hex.ts';
 import { formatUsdFixed } from '../../money.ts';
+import { extend } from '../../objects.ts';
 import { type RpcUpstream, UpstreamError } from '../../providers/rpc/port.ts';
 import { hashRequestBody, type IdempotencyScope, type IdempotencyStore } from '../../storage/idempotency.ts';
 import type { ReserveWithin } from '../../storage/ledger.ts';
@@ -123,7 +124,7 @@ export function createRpcService(deps: RpcServiceDeps) {
     const at = now();
     const minute = deps.rateLimits.hitAlong(minuteHit(principal, at));
     if (!minute) return within;
-    const credits = deps.credits.takeAlong({ ...take, now: at });
+    const credits = deps.credits.takeAlong(extend(take, { now: at }));
     if (!credits) return within;
     return Object.assign(within, {
       embedded: { writes: [minute, ...credits.writes], result: credits.bucketMs },
@@ -306,7 +307,7 @@ export function createRpcService(deps: RpcServiceDeps) {
       switch (begun.kind) {
         case 'replay':
           return {
-            headers: { ...begun.response.headers, 'Idempotent-Replayed': 'true' },
+            headers: extend(begun.response.headers, { 'Idempotent-Replayed': 'true' }),
             body: begun.response.body,
           };
         case 'in_flight':

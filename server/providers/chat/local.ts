@@ -9,6 +9,7 @@
  * prefix reads them from the cache.
  */
 import { createHash } from 'node:crypto';
+import { extend } from '../../objects.ts';
 import { mulberry32 } from '../random.ts';
 import { countMessageTokens, countPromptTokens, countTokens, decodeToken, encodeText } from './tokenizer.ts';
 import type {
@@ -471,7 +472,7 @@ function* planPieces(
           : [{ token: decodeToken(token), logprob }];
       const seen = new Set<string>();
       const list = alternatives.filter((a) => !seen.has(a.token) && seen.add(a.token)).slice(0, top);
-      yield { channel, token, logprob, top: list.map((a) => ({ ...a, bytes: bytesOf(a.token) })) };
+      yield { channel, token, logprob, top: list.map((a) => extend(a, { bytes: bytesOf(a.token) })) };
     }
   }
 }
@@ -536,7 +537,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
                   'content',
                   topN,
                 ),
-              ].map((t) => ({ ...t, channel: 'reasoning' as const })),
+              ].map((t) => extend(t, { channel: 'reasoning' as const })),
             );
           } else {
             plan.push(...planPieces(thought, 'reasoning', topN));

@@ -113,16 +113,19 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
           { cause: error },
         );
       };
-      const body: Record<string, unknown> = {
-        ...request.passthrough,
-        model: options.upstreamModel,
-        messages: request.messages.map(({ extra, ...m }) => ({ ...extra, ...m })),
-        max_completion_tokens: request.maxTokens,
-        n: request.n,
-        ...request.sampling,
-        stream: true,
-        stream_options: { include_usage: true },
-      };
+      // Object.assign, not a literal starting with a spread: see server/objects.ts.
+      const body: Record<string, unknown> = Object.assign(
+        {},
+        request.passthrough,
+        {
+          model: options.upstreamModel,
+          messages: request.messages.map(({ extra, ...m }) => Object.assign({}, extra, m)),
+          max_completion_tokens: request.maxTokens,
+          n: request.n,
+        },
+        request.sampling,
+        { stream: true, stream_options: { include_usage: true } },
+      );
       if (request.tools?.length) body.tools = request.tools;
       if (request.toolChoice) body.tool_choice = request.toolChoice;
       if (request.parallelToolCalls !== undefined && request.tools?.length)

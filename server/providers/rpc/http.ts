@@ -6,6 +6,7 @@
 import http from 'node:http';
 import https from 'node:https';
 import type { UpstreamEndpoint } from '../../domains/rpc/networks.ts';
+import { extend } from '../../objects.ts';
 import { type ForwardInput, type ForwardResult, type RpcUpstream, UpstreamError } from './port.ts';
 
 export type HttpRpcUpstreamOptions = {
@@ -76,10 +77,9 @@ function attempt(node: Node, payload: Buffer, maxBytes: number, signal?: AbortSi
       signal?.removeEventListener('abort', onAbort);
       resolve(result);
     };
-    const req = node.request({
-      ...node.options,
-      headers: [...node.headers, 'content-length', String(payload.length)],
-    });
+    const req = node.request(
+      extend(node.options, { headers: [...node.headers, 'content-length', String(payload.length)] }),
+    );
     const fail = (kind: 'timeout' | 'unreachable' | 'too_large' | 'aborted', cause?: unknown) => {
       finish({ ok: false, kind, cause });
       req.destroy();
