@@ -10,17 +10,12 @@
  * Generator methods of objects (a provider's `async *stream()`) are left to review: the objects that carry
  * them are made once, when the server starts.
  */
-import { readdirSync, readFileSync } from 'node:fs';
-import { join, relative } from 'node:path';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import ts from 'typescript';
 import { describe, expect, test } from 'vitest';
 import { repoRoot } from '../support/contract.ts';
-
-function sources(dir: string): string[] {
-  return readdirSync(dir, { withFileTypes: true, recursive: true })
-    .filter((entry) => entry.isFile() && entry.name.endsWith('.ts') && !entry.name.endsWith('.d.ts'))
-    .map((entry) => join(entry.parentPath, entry.name));
-}
+import { typescriptModules, whereIs } from '../support/sources.ts';
 
 /** `file:line name` of every generator declaration or expression nested inside a function. */
 function nestedGenerators(path: string, text: string): string[] {
@@ -32,8 +27,7 @@ function nestedGenerators(path: string, text: string): string[] {
       (ts.isFunctionDeclaration(node) || ts.isFunctionExpression(node)) &&
       node.asteriskToken
     ) {
-      const line = file.getLineAndCharacterOfPosition(node.getStart()).line + 1;
-      found.push(`${relative(repoRoot, path)}:${line} ${node.name?.text ?? '(anonymous)'}`);
+      found.push(`${whereIs(file, node)} ${node.name?.text ?? '(anonymous)'}`);
     }
     const inside = insideFunction || ts.isFunctionLike(node);
     ts.forEachChild(node, (child) => visit(child, inside));
@@ -44,7 +38,7 @@ function nestedGenerators(path: string, text: string): string[] {
 
 describe('generator functions', () => {
   test('the server and the client declare none inside another function', () => {
-    const files = [...sources(join(repoRoot, 'server')), ...sources(join(repoRoot, 'client'))];
+    const files = typescriptModules(['server', 'client']);
     expect(files.length).toBeGreaterThan(50);
     const nested = files.flatMap((path) => nestedGenerators(path, readFileSync(path, 'utf8')));
     expect(nested).toEqual([]);

@@ -7,12 +7,13 @@
  * Code that runs once, at start (the services' wiring, a repository's wrapper), may spread as it likes.
  */
 import { execFileSync } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
-import { join, relative } from 'node:path';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import ts from 'typescript';
 import { describe, expect, test } from 'vitest';
 import { extend } from '../../server/objects.ts';
 import { repoRoot } from '../support/contract.ts';
+import { typescriptModules, whereIs } from '../support/sources.ts';
 
 /** The modules on the request paths (folders: every module in them). */
 const REQUEST_PATH = [
@@ -33,16 +34,6 @@ const REQUEST_PATH = [
   'client/sse.ts',
 ];
 
-function modules(): string[] {
-  return REQUEST_PATH.flatMap((entry) => {
-    const path = join(repoRoot, entry);
-    if (entry.endsWith('.ts')) return [path];
-    return readdirSync(path, { withFileTypes: true, recursive: true })
-      .filter((e) => e.isFile() && e.name.endsWith('.ts') && !e.name.endsWith('.d.ts'))
-      .map((e) => join(e.parentPath, e.name));
-  });
-}
-
 /** `file:line` of every object literal whose first member is a spread and that has more members. */
 function leadingSpreads(path: string, text: string): string[] {
   const file = ts.createSourceFile(path, text, ts.ScriptTarget.Latest, true);
@@ -50,9 +41,7 @@ function leadingSpreads(path: string, text: string): string[] {
   const visit = (node: ts.Node) => {
     const first = ts.isObjectLiteralExpression(node) ? node.properties[0] : undefined;
     if (first && ts.isSpreadAssignment(first) && (node as ts.ObjectLiteralExpression).properties.length > 1)
-      found.push(
-        `${relative(repoRoot, path)}:${file.getLineAndCharacterOfPosition(node.getStart()).line + 1}`,
-      );
+      found.push(whereIs(file, node));
     ts.forEachChild(node, visit);
   };
   visit(file);
@@ -61,7 +50,7 @@ function leadingSpreads(path: string, text: string): string[] {
 
 describe('object literals on the request paths', () => {
   test('none starts with a spread and goes on', () => {
-    const files = modules();
+    const files = typescriptModules(REQUEST_PATH);
     expect(files.length).toBeGreaterThan(30);
     expect(files.flatMap((path) => leadingSpreads(path, readFileSync(path, 'utf8')))).toEqual([]);
   });
