@@ -5,6 +5,7 @@
  */
 import http from 'node:http';
 import https from 'node:https';
+import { urlToHttpOptions } from 'node:url';
 import { readerChunks } from '../../client/sse.ts';
 import { extend } from '../objects.ts';
 
@@ -41,19 +42,34 @@ const agents = {
 
 const cancelled = () => new DOMException('This operation was aborted', 'AbortError');
 
+type Target = { secure: boolean; options: http.RequestOptions };
+
+/** Each upstream URL as request options, parsed once: a provider posts every call to the same endpoint. */
+const targets = new Map<string, Target>();
+const TARGETS_MAX = 256;
+
+function targetOf(url: string): Target {
+  let target = targets.get(url);
+  if (!target) {
+    const parsed = new URL(url);
+    target = { secure: parsed.protocol === 'https:', options: urlToHttpOptions(parsed) };
+    if (targets.size >= TARGETS_MAX) targets.clear();
+    targets.set(url, target);
+  }
+  return target;
+}
+
 /** The default transport: node:http(s), a kept-alive connection per upstream host. */
 export const nodePost: UpstreamPost = (url, init) => {
-  const target = new URL(url);
-  const secure = target.protocol === 'https:';
+  const { secure, options } = targetOf(url);
   let request: http.ClientRequest | undefined;
   const answer = new Promise<UpstreamAnswer>((resolve, reject) => {
     request = (secure ? https : http).request(
-      target,
-      {
+      extend(options, {
         method: 'POST',
         agent: secure ? agents.https : agents.http,
         headers: extend(init.headers, { 'content-length': String(Buffer.byteLength(init.body)) }),
-      },
+      }),
       (response) => {
         resolve({
           status: response.statusCode ?? 0,
