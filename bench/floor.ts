@@ -16,14 +16,25 @@
  * - `POST /rpc`: a JSON-RPC call's writes around a forward to `FLOOR_UPSTREAM` (keep-alive `node:http`): the
  *   reservation (with the per-minute count) before, the capture (one ledger entry) after; the upstream's bytes.
  * - `POST /proxy`: the forward alone, no writes: what a bare `node:http` proxy adds on this machine.
+ * - `POST /upstream`: a streamed chat through an OpenAI-compatible upstream (`FLOOR_CHAT_UPSTREAM`'s
+ *   `/v1/chat/completions`, keep-alive `node:http`), as the server's upstream adapter does it: the chat's
+ *   reservation (its three rate-limit windows counted) before; the upstream's events parsed as they come,
+ *   each re-emitted to the client with the request's id and model, its usage taken; then the final frames and,
+ *   in the same event-loop turn, the capture (two ledger entries and the tokens-per-minute count), which the
+ *   answer does not wait for when it is alone (the server's `Charges.captureDetached`).
  *
  * Env: `PORT`; `FLOOR_DB`: a migrated SQLite file with the funded account and key of `FLOOR_KEY` (bench/setup.ts
- * `fundedKey`); `FLOOR_UPSTREAM`: the upstream's origin for `/rpc` and `/proxy`. Listens on 127.0.0.1.
+ * `fundedKey`); `FLOOR_UPSTREAM`: the upstream's origin for `/rpc` and `/proxy`; `FLOOR_CHAT_UPSTREAM`: the chat
+ * upstream's origin for `/upstream` (bench/upstream.ts). Listens on 127.0.0.1.
  */
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import { Agent, createServer, type IncomingMessage, request, type ServerResponse } from 'node:http';
 import Sqlite from 'better-sqlite3';
-import { SAFETY_CHECKPOINT_PAGES, startCheckpointer } from '../server/storage/database.ts';
+import {
+  CHECKPOINT_INTERVAL_MS,
+  SAFETY_CHECKPOINT_PAGES,
+  startCheckpointer,
+} from '../server/storage/database.ts';
 
 const env = (name: string) => {
   const value = process.env[name];
@@ -36,7 +47,7 @@ db.pragma('journal_mode = WAL');
 db.pragma('foreign_keys = ON');
 db.pragma('synchronous = NORMAL');
 db.pragma(`wal_autocheckpoint = ${SAFETY_CHECKPOINT_PAGES}`);
-const checkpointer = startCheckpointer(env('FLOOR_DB'), 200);
+const checkpointer = startCheckpointer(env('FLOOR_DB'), CHECKPOINT_INTERVAL_MS);
 
 function keyOf(secret: string): { id: string; account_id: string } {
   const secretHash = createHash('sha256').update(secret, 'utf8').digest('hex');
@@ -186,6 +197,77 @@ function forward(payload: Buffer, answer: (status: number, body: Buffer) => void
   req.end(payload);
 }
 
+const chatUpstream = process.env.FLOOR_CHAT_UPSTREAM
+  ? new URL('/v1/chat/completions', process.env.FLOOR_CHAT_UPSTREAM)
+  : undefined;
+
+type UpstreamChunk = { usage?: { prompt_tokens?: number; completion_tokens?: number } };
+
+/** The chat upstream's answer, streamed: its events re-emitted as they come; `end` with the usage it reported. */
+function streamFrom(
+  body: string,
+  res: ServerResponse,
+  billed: Billed,
+  end: (usage: { prompt: bigint; completion: bigint }) => void,
+  fail: () => void,
+): void {
+  if (!chatUpstream) {
+    fail();
+    return;
+  }
+  const req = request({
+    method: 'POST',
+    hostname: chatUpstream.hostname,
+    port: chatUpstream.port,
+    path: chatUpstream.pathname,
+    agent,
+    headers: [
+      'host',
+      chatUpstream.host,
+      'content-type',
+      'application/json',
+      'accept',
+      'text/event-stream',
+      'content-length',
+      String(Buffer.byteLength(body)),
+    ],
+  });
+  req.on('error', fail);
+  req.on('response', (answer) => {
+    if (answer.statusCode !== 200) {
+      answer.resume();
+      fail();
+      return;
+    }
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    let pending = '';
+    let usage = { prompt: 0n, completion: 0n };
+    answer.setEncoding('utf8');
+    answer.on('data', (text: string) => {
+      pending += text;
+      // The frames of one read leave in one socket write, as the server's do.
+      res.cork();
+      for (let at = pending.indexOf('\n\n'); at >= 0; at = pending.indexOf('\n\n')) {
+        const event = pending.slice(0, at);
+        pending = pending.slice(at + 2);
+        if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
+        const chunk = JSON.parse(event.slice(6)) as UpstreamChunk & { id?: string; model?: string };
+        if (chunk.usage)
+          usage = {
+            prompt: BigInt(chunk.usage.prompt_tokens ?? 0),
+            completion: BigInt(chunk.usage.completion_tokens ?? 0),
+          };
+        chunk.id = `chatcmpl-${billed.requestId}`;
+        chunk.model = billed.model;
+        res.write(`data: ${JSON.stringify(chunk)}\n\n`);
+      }
+      process.nextTick(() => res.uncork());
+    });
+    answer.on('end', () => end(usage));
+  });
+  req.end(body);
+}
+
 function reply(res: ServerResponse, status: number, body: string | Buffer): void {
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) });
   res.end(body);
@@ -242,8 +324,47 @@ function rpc(res: ServerResponse, billed: Billed, payload: Buffer, failed: () =>
   );
 }
 
+function upstreamChat(res: ServerResponse, billed: Billed, body: ChatBody, failed: () => void): void {
+  const base = `key:${key.id}:model:${billed.model}`;
+  // What the upstream is sent: the caller's messages and bound, streamed with its usage.
+  const sent = JSON.stringify({
+    model: billed.model,
+    messages: body.messages ?? [],
+    max_completion_tokens: body.max_tokens ?? 16,
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  inGroup(
+    () => reserve(billed, [`${base}:TPM`, `${base}:RPD`, `${base}:RPM`]),
+    () =>
+      streamFrom(
+        sent,
+        res,
+        billed,
+        ({ prompt, completion }) => {
+          res.end('data: [DONE]\n\n');
+          inGroup(
+            () =>
+              capture(
+                billed,
+                [
+                  { sku: 'input_tokens', units: prompt, priceNano: 700n },
+                  { sku: 'output_tokens', units: completion, priceNano: 2_800n },
+                ],
+                prompt + completion,
+              ),
+            () => {},
+          );
+        },
+        () => (res.headersSent ? res.destroy() : failed()),
+      ),
+  );
+}
+
+type ChatBody = { model?: string; messages?: unknown[]; max_tokens?: number };
+
 function handle(req: IncomingMessage, res: ServerResponse, payload: Buffer): void {
-  const body = JSON.parse(payload.toString('utf8')) as { model?: string };
+  const body = JSON.parse(payload.toString('utf8')) as ChatBody;
   const billed: Billed = {
     reservationId: randomUUID(),
     requestId: randomBytes(16).toString('hex'),
@@ -252,6 +373,7 @@ function handle(req: IncomingMessage, res: ServerResponse, payload: Buffer): voi
   const failed = () => reply(res, 502, '{"error":"upstream failed"}');
   if (req.url === '/chat') chat(res, billed);
   else if (req.url === '/rpc') rpc(res, billed, payload, failed);
+  else if (req.url === '/upstream') upstreamChat(res, billed, body, failed);
   else if (req.url === '/proxy') forward(payload, (status, answer) => reply(res, status, answer), failed);
   else reply(res, 404, '{"error":"not found"}');
 }

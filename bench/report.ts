@@ -67,6 +67,14 @@ export function floors(report: Report): Array<{ measure: string; value: string }
     { measure: 'bare node:http proxy added (no writes)', value: ms(added('bareProxy', 'rpcDirect')) },
     { measure: "proxy with an RPC call's ledger writes added", value: ms(added('floorRpc', 'rpcDirect')) },
     { measure: 'RPC proxy added (the server)', value: ms(added('rpcProxy', 'rpcDirect')) },
+    {
+      measure: "streamed chat proxy with a chat's ledger writes added",
+      value: ms(added('floorUpstream', 'upstreamDirect')),
+    },
+    {
+      measure: 'chat upstream adapter added (the server)',
+      value: ms(added('upstreamProxy', 'upstreamDirect')),
+    },
   ];
 }
 

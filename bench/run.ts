@@ -148,6 +148,7 @@ async function main(): Promise<Report> {
     FLOOR_DB: floorFile,
     FLOOR_KEY: floorKey,
     FLOOR_UPSTREAM: anvil.url,
+    FLOOR_CHAT_UPSTREAM: upstream.origin,
   });
   const onSqlite = await startNodeChild(
     'server (SQLite)',
@@ -285,11 +286,21 @@ async function main(): Promise<Report> {
   ];
 
   // One request at a time: the proxies and their upstreams, and the floors of a proxy on this machine (the
-  // forward alone, and the forward with an RPC call's ledger writes around it).
+  // forward alone, the forward with an RPC call's ledger writes around it, and a streamed chat's through the
+  // chat upstream with a chat's).
   const latencyOnly: Array<{ id: string; target: Target }> = [
     {
       id: 'floorRpc',
       target: { url: `${floor.origin}/rpc`, method: 'POST', headers: json(), body: rpcBody },
+    },
+    {
+      id: 'floorUpstream',
+      target: {
+        url: `${floor.origin}/upstream`,
+        method: 'POST',
+        headers: json(),
+        body: chatBody('bench-upstream', true, 16),
+      },
     },
     {
       id: 'bareProxy',
@@ -302,8 +313,8 @@ async function main(): Promise<Report> {
     const body = await probe(target).catch((error: unknown) => {
       throw new Error(`${id}: ${(error as Error).message}`);
     });
-    if (id === 'upstreamProxy' && !body.includes('"content":" bench"')) {
-      throw new Error(`upstreamProxy did not reach the upstream: ${body.slice(0, 200)}`);
+    if ((id === 'upstreamProxy' || id === 'floorUpstream') && !body.includes('"content":" bench"')) {
+      throw new Error(`${id} did not reach the upstream: ${body.slice(0, 200)}`);
     }
     if ((id === 'floorRpc' || id === 'bareProxy') && !body.includes('"result"')) {
       throw new Error(`${id} did not reach anvil: ${body.slice(0, 200)}`);
@@ -312,7 +323,15 @@ async function main(): Promise<Report> {
 
   const runs = new Map<string, Throughput[]>(throughputTargets.map((t) => [t.id, []]));
   const latencies = new Map<string, Latency[]>();
-  const latencyPairs = ['rpcProxy', 'rpcDirect', 'upstreamProxy', 'upstreamDirect', 'floorRpc', 'bareProxy'];
+  const latencyPairs = [
+    'rpcProxy',
+    'rpcDirect',
+    'upstreamProxy',
+    'upstreamDirect',
+    'floorRpc',
+    'floorUpstream',
+    'bareProxy',
+  ];
   for (let round = 1; round <= settings.rounds; round++) {
     for (const { id, target } of throughputTargets) {
       const result = await throughput(target, settings.durationS, settings.connections);

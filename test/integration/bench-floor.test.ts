@@ -1,7 +1,8 @@
 /**
  * The benchmark's storage floor (bench/floor.ts) writes what a billed request writes, on the current schema:
- * a chat's reservation and capture (two ledger entries, the counters), an RPC call's around a forward, and a
- * forward alone without writes. Kept true here so that a schema change cannot quietly turn the floor into a
+ * a chat's reservation and capture (two ledger entries, the counters), an RPC call's around a forward, a
+ * streamed chat's around a chat upstream's event stream (billed from the usage it reports), and a forward
+ * alone without writes. Kept true here so that a schema change cannot quietly turn the floor into a
  * failing (or emptier) row of `npm run bench`.
  */
 import { spawn } from 'node:child_process';
@@ -22,11 +23,25 @@ let pid: number | undefined;
 let origin = '';
 let upstream: Server;
 let forwarded = 0;
+const sent: Array<{ model: string; stream: boolean; max_completion_tokens: number }> = [];
 
 beforeAll(async () => {
   upstream = createServer((req, res) => {
-    req.resume();
+    const chunks: Buffer[] = [];
+    req.on('data', (chunk: Buffer) => chunks.push(chunk));
     req.on('end', () => {
+      if (req.url === '/v1/chat/completions') {
+        sent.push(JSON.parse(Buffer.concat(chunks).toString('utf8')));
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        // Two reads' worth: the floor must carry an event split across them.
+        const delta = (content: string) =>
+          `data: ${JSON.stringify({ id: 'up', model: 'up', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`;
+        const usage = `data: ${JSON.stringify({ id: 'up', model: 'up', object: 'chat.completion.chunk', choices: [], usage: { prompt_tokens: 12, completion_tokens: 2, total_tokens: 14 } })}\n\n`;
+        const first = delta('Hello') + delta(' floor');
+        res.write(first.slice(0, first.length - 20));
+        setTimeout(() => res.end(`${first.slice(first.length - 20)}${usage}data: [DONE]\n\n`), 20);
+        return;
+      }
       forwarded += 1;
       res.writeHead(200, { 'content-type': 'application/json' });
       res.end('{"jsonrpc":"2.0","id":1,"result":"0x2a"}');
@@ -43,6 +58,7 @@ beforeAll(async () => {
       FLOOR_DB: file,
       FLOOR_KEY: key,
       FLOOR_UPSTREAM: `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`,
+      FLOOR_CHAT_UPSTREAM: `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`,
     },
     stdio: 'ignore',
   });
@@ -116,6 +132,59 @@ test("the floor writes a chat's and an RPC call's rows, and forwards without wri
       ['key:model:llama-3.3-70b:TPM', 3n * 36n],
       ['rpc:RPM', 1n],
     ]);
+  } finally {
+    db.close();
+  }
+});
+
+test('the floor streams a chat through its upstream and bills the usage the upstream reported', async () => {
+  const db = new SqliteDatabase(file, { readonly: true });
+  db.defaultSafeIntegers(true);
+  const balance = () =>
+    db.prepare('select usd_balance_nano, usd_reserved_nano from accounts').get() as {
+      usd_balance_nano: bigint;
+      usd_reserved_nano: bigint;
+    };
+  const tokensOf = (sku: string) =>
+    (
+      db
+        .prepare(`select coalesce(sum(cast(units as integer)), 0) as n from ledger_entries where sku = ?`)
+        .get(sku) as { n: bigint }
+    ).n;
+  const before = balance();
+  const inputBefore = tokensOf('input_tokens');
+  try {
+    const answer = await post('/upstream', {
+      model: 'bench-upstream',
+      messages: [{ role: 'user', content: 'hi' }],
+      max_tokens: 16,
+      stream: true,
+    });
+    expect(answer.status).toBe(200);
+    expect(answer.headers.get('content-type')).toBe('text/event-stream');
+    const text = await answer.text();
+    const frames = text.split('\n\n').filter(Boolean);
+    expect(frames.at(-1)).toBe('data: [DONE]');
+    const chunks = frames.slice(0, -1).map((f) => JSON.parse(f.slice('data: '.length)));
+    expect(chunks.map((c) => c.choices[0]?.delta?.content ?? null)).toEqual(['Hello', ' floor', null]);
+    // Re-emitted with the request's id and model, not the upstream's.
+    for (const chunk of chunks) {
+      expect(chunk.id).toMatch(/^chatcmpl-[0-9a-f]{32}$/);
+      expect(chunk.model).toBe('bench-upstream');
+    }
+    expect(sent.at(-1)).toMatchObject({ model: 'bench-upstream', stream: true, max_completion_tokens: 16 });
+
+    // The capture commits in the answer's turn without the answer waiting for it.
+    let after = balance();
+    for (let i = 0; i < 50 && after.usd_reserved_nano !== 0n; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      after = balance();
+    }
+    expect(after).toEqual({
+      usd_balance_nano: before.usd_balance_nano - (12n * 700n + 2n * 2_800n),
+      usd_reserved_nano: 0n,
+    });
+    expect(tokensOf('input_tokens') - inputBefore).toBe(12n);
   } finally {
     db.close();
   }
