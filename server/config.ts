@@ -26,6 +26,7 @@ const variables = z.object({
     .regex(/^(sqlite:|postgres:\/\/|postgresql:\/\/)/, 'sqlite:<path>, sqlite::memory: or postgres://…')
     .default('sqlite:./data/service.db'),
   DATABASE_PREPARED_STATEMENTS: bool.default(true),
+  SQLITE_CHECKPOINT_INTERVAL_MS: z.coerce.number().int().min(1).max(3_600_000).default(10),
   SERVICE_CONFIG: z.string().min(1).optional(),
   ADMIN_API_KEY: z.string().min(20, 'at least 20 characters').optional(),
   BOOTSTRAP_BALANCE_USD: usd.default('10'),
@@ -111,6 +112,8 @@ const schema = variables.transform((env) => ({
   databaseUrl: env.DATABASE_URL,
   /** PostgreSQL: hot statements as prepared statements; false behind a pooler that does not keep them. */
   databasePreparedStatements: env.DATABASE_PREPARED_STATEMENTS,
+  /** SQLite: how often the checkpointer thread copies the WAL into the database file. */
+  sqliteCheckpointIntervalMs: env.SQLITE_CHECKPOINT_INTERVAL_MS,
   serviceConfigPath: env.SERVICE_CONFIG,
   adminApiKey: env.ADMIN_API_KEY,
   bootstrapBalanceUsd: env.BOOTSTRAP_BALANCE_USD,

@@ -76,7 +76,10 @@ export type CreateDatabaseOptions = {
    * call is one round trip. For tests that count the round trips of an operation so that they cannot regress.
    */
   onQuery?(sql: string): void;
-  /** How often the SQLite checkpointer thread copies the WAL into the database file (default 200 ms). */
+  /**
+   * How often the SQLite checkpointer thread copies the WAL into the database file (default
+   * CHECKPOINT_INTERVAL_MS; the server's `SQLITE_CHECKPOINT_INTERVAL_MS`).
+   */
   checkpointIntervalMs?: number;
   /**
    * PostgreSQL: the hot statements go as prepared statements (default true; see internal.ts, `prepared` and
@@ -158,7 +161,9 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   sqlite.pragma('temp_store = MEMORY');
   // Checkpoints (the only fsyncs with WAL + NORMAL) run on a worker thread, off the event loop; the commit's
   // own automatic checkpoint stays only as a safety net should the worker fall far behind.
-  const checkpointer = memory ? undefined : startCheckpointer(filename, options.checkpointIntervalMs ?? 200);
+  const checkpointer = memory
+    ? undefined
+    : startCheckpointer(filename, options.checkpointIntervalMs ?? CHECKPOINT_INTERVAL_MS);
   if (checkpointer) sqlite.pragma(`wal_autocheckpoint = ${SAFETY_CHECKPOINT_PAGES}`);
   const cached = cachingStatements(sqlite);
   const dialect = new ImmediateSqliteDialect({ database: cached });
@@ -315,6 +320,19 @@ class ImmediateSqliteDialect extends SqliteDialect {
 
 /** WAL pages after which a commit checkpoints by itself (SQLite's default is 1000): the worker's safety net. */
 export const SAFETY_CHECKPOINT_PAGES = 20_000;
+
+/**
+ * How often the checkpointer thread checkpoints, by default (ms). Small checkpoints often rather than large
+ * ones seldom: a busy server writes about 100 KB of WAL per billed request (each dirty page is a frame), so
+ * at 200 ms each checkpoint flushed some 25 MB at once, and the requests that waited on another process
+ * meanwhile (the upstream, the client) took the machine's stall: one request at a time on the 2-CPU bench
+ * VM, the chat upstream adapter's added p99 was 2.5 to 2.9 ms at 200 ms and 1.8 ms at 10 ms, the JSON-RPC
+ * proxy's 1.6 to 2.2 and 1.1 to 1.4 ms, with the same p50s and chats per second (bench/HISTORY.md,
+ * fourteenth round). A PASSIVE checkpoint with nothing new in the WAL does nothing, so an idle server does
+ * not flush; at 4 ms the flushes began to cost chats per second. `SQLITE_CHECKPOINT_INTERVAL_MS` sets it
+ * (larger on a disk where each flush is dear).
+ */
+export const CHECKPOINT_INTERVAL_MS = 10;
 
 /**
  * The checkpointer thread: its own connection to the file runs `PRAGMA wal_checkpoint(PASSIVE)` every

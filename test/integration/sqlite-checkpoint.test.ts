@@ -12,21 +12,24 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import SqliteDatabase from 'better-sqlite3';
 import { sql } from 'kysely';
+import pino from 'pino';
 import { afterAll, expect, test } from 'vitest';
-import { createDatabase } from '../../server/storage/database.ts';
+import { loadConfig } from '../../server/config.ts';
+import { createServices } from '../../server/services.ts';
+import { CHECKPOINT_INTERVAL_MS, createDatabase } from '../../server/storage/database.ts';
 import { migrate } from '../../server/storage/migrations.ts';
 import { repoRoot } from '../support/contract.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'checkpoint-'));
 afterAll(() => rmSync(scratch, { recursive: true, force: true }));
 
-/** The rows of `rate_limit_counters` in a copy of the main database file, without its WAL. */
-function rowsInMainFile(file: string): number {
+/** The rows of `table` in a copy of the main database file, without its WAL. */
+function rowsInMainFile(file: string, table = 'rate_limit_counters'): number {
   const copy = join(scratch, `copy-${Math.random().toString(36).slice(2)}.db`);
   copyFileSync(file, copy);
   const db = new SqliteDatabase(copy, { readonly: true });
   try {
-    return Number((db.prepare('select count(*) as n from rate_limit_counters').get() as { n: number }).n);
+    return Number((db.prepare(`select count(*) as n from ${table}`).get() as { n: number }).n);
   } catch {
     return 0; // the table itself is not checkpointed yet
   } finally {
@@ -122,4 +125,47 @@ test('a commit group keeps the undo journals of its savepoints in memory (temp_s
   } finally {
     await database.close();
   }
+});
+
+test("SQLITE_CHECKPOINT_INTERVAL_MS sets the server's checkpointer; by default it checkpoints every few milliseconds", async () => {
+  expect(CHECKPOINT_INTERVAL_MS).toBe(10);
+  /** Accounts written through the server's services, and what the main file holds of them a while later. */
+  async function accountsCheckpointed(name: string, variables: Record<string, string>, waitMs: number) {
+    const file = join(scratch, `${name}.sqlite`);
+    const config = loadConfig({
+      NODE_ENV: 'test',
+      LOG_LEVEL: 'silent',
+      DATABASE_URL: `sqlite:${file}`,
+      VIDEO_WORKER_ENABLED: 'false',
+      ...variables,
+    });
+    const services = await createServices(config, pino({ level: 'silent' }));
+    try {
+      // Besides the bootstrap account: a known count that only a checkpoint can put in the main file.
+      for (let i = 0; i < 5; i++) await services.accounts.createApiAccount({});
+      const written = Number(
+        (
+          await services.database.db
+            .selectFrom('accounts')
+            .select((eb) => eb.fn.countAll().as('n'))
+            .executeTakeFirstOrThrow()
+        ).n,
+      );
+      let found = rowsInMainFile(file, 'accounts');
+      for (let waited = 0; waited < waitMs && found < written; waited += 20) {
+        await new Promise((resolve) => setTimeout(resolve, 20));
+        found = rowsInMainFile(file, 'accounts');
+      }
+      return { written, found };
+    } finally {
+      await services.close();
+    }
+  }
+  // An hour: nothing reaches the main file while the server runs (its own commits' checkpoint is at 20,000 pages).
+  const hourly = await accountsCheckpointed('hourly', { SQLITE_CHECKPOINT_INTERVAL_MS: '3600000' }, 300);
+  expect(hourly.written).toBeGreaterThanOrEqual(5);
+  expect(hourly.found).toBe(0);
+  // The default: every account is in the main file soon after its commit.
+  const often = await accountsCheckpointed('often', {}, 10_000);
+  expect(often.found).toBe(often.written);
 });

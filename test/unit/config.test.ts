@@ -15,8 +15,17 @@ describe('loadConfig', () => {
       bootstrapBalanceUsd: '10',
       validateResponses: true,
       databasePreparedStatements: true,
+      sqliteCheckpointIntervalMs: 10,
     });
     expect(loadConfig({ DATABASE_PREPARED_STATEMENTS: 'false' }).databasePreparedStatements).toBe(false);
+  });
+
+  test('behavior: SQLITE_CHECKPOINT_INTERVAL_MS is a whole number of milliseconds from 1 to an hour', () => {
+    expect(loadConfig({ SQLITE_CHECKPOINT_INTERVAL_MS: '250' }).sqliteCheckpointIntervalMs).toBe(250);
+    for (const bad of ['0', '-5', '2.5', 'often', '3600001'])
+      expect(() => loadConfig({ SQLITE_CHECKPOINT_INTERVAL_MS: bad })).toThrow(
+        /SQLITE_CHECKPOINT_INTERVAL_MS/,
+      );
   });
 
   test('behavior: responses are validated outside production unless switched off', () => {
