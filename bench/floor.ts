@@ -167,34 +167,53 @@ function inGroup(write: () => void, done: () => void): void {
 }
 
 const agent = new Agent({ keepAlive: true, maxSockets: 256 });
+
+/** A JSON POST to `target` on the kept-alive agent, with `headers` (name, value, …) besides its own. */
+function post(
+  target: URL,
+  body: string | Buffer,
+  headers: string[],
+  onResponse: (answer: IncomingMessage) => void,
+  fail: () => void,
+): void {
+  const req = request({
+    method: 'POST',
+    hostname: target.hostname,
+    port: target.port,
+    path: target.pathname,
+    agent,
+    headers: [
+      'host',
+      target.host,
+      'content-type',
+      'application/json',
+      ...headers,
+      'content-length',
+      String(Buffer.byteLength(body)),
+    ],
+  });
+  req.on('error', fail);
+  req.on('response', onResponse);
+  req.end(body);
+}
+
 const upstream = process.env.FLOOR_UPSTREAM ? new URL(process.env.FLOOR_UPSTREAM) : undefined;
 function forward(payload: Buffer, answer: (status: number, body: Buffer) => void, fail: () => void): void {
   if (!upstream) {
     fail();
     return;
   }
-  const req = request({
-    method: 'POST',
-    hostname: upstream.hostname,
-    port: upstream.port,
-    path: upstream.pathname,
-    agent,
-    headers: [
-      'host',
-      upstream.host,
-      'content-type',
-      'application/json',
-      'content-length',
-      String(payload.length),
-    ],
-  });
-  req.on('error', fail);
-  req.on('response', (res) => {
-    const chunks: Buffer[] = [];
-    res.on('data', (chunk: Buffer) => chunks.push(chunk));
-    res.on('end', () => answer(res.statusCode ?? 502, Buffer.concat(chunks)));
-  });
-  req.end(payload);
+  post(
+    upstream,
+    payload,
+    [],
+    (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (chunk: Buffer) => chunks.push(chunk));
+      res.on('end', () => answer(res.statusCode ?? 502, Buffer.concat(chunks)));
+    },
+    fail,
+  );
 }
 
 const chatUpstream = process.env.FLOOR_CHAT_UPSTREAM
@@ -215,57 +234,44 @@ function streamFrom(
     fail();
     return;
   }
-  const req = request({
-    method: 'POST',
-    hostname: chatUpstream.hostname,
-    port: chatUpstream.port,
-    path: chatUpstream.pathname,
-    agent,
-    headers: [
-      'host',
-      chatUpstream.host,
-      'content-type',
-      'application/json',
-      'accept',
-      'text/event-stream',
-      'content-length',
-      String(Buffer.byteLength(body)),
-    ],
-  });
-  req.on('error', fail);
-  req.on('response', (answer) => {
-    if (answer.statusCode !== 200) {
-      answer.resume();
-      fail();
-      return;
-    }
-    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
-    let pending = '';
-    let usage = { prompt: 0n, completion: 0n };
-    answer.setEncoding('utf8');
-    answer.on('data', (text: string) => {
-      pending += text;
-      // The frames of one read leave in one socket write, as the server's do.
-      res.cork();
-      for (let at = pending.indexOf('\n\n'); at >= 0; at = pending.indexOf('\n\n')) {
-        const event = pending.slice(0, at);
-        pending = pending.slice(at + 2);
-        if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
-        const chunk = JSON.parse(event.slice(6)) as UpstreamChunk & { id?: string; model?: string };
-        if (chunk.usage)
-          usage = {
-            prompt: BigInt(chunk.usage.prompt_tokens ?? 0),
-            completion: BigInt(chunk.usage.completion_tokens ?? 0),
-          };
-        chunk.id = `chatcmpl-${billed.requestId}`;
-        chunk.model = billed.model;
-        res.write(`data: ${JSON.stringify(chunk)}\n\n`);
+  post(
+    chatUpstream,
+    body,
+    ['accept', 'text/event-stream'],
+    (answer) => {
+      if (answer.statusCode !== 200) {
+        answer.resume();
+        fail();
+        return;
       }
-      process.nextTick(() => res.uncork());
-    });
-    answer.on('end', () => end(usage));
-  });
-  req.end(body);
+      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+      let pending = '';
+      let usage = { prompt: 0n, completion: 0n };
+      answer.setEncoding('utf8');
+      answer.on('data', (text: string) => {
+        pending += text;
+        // The frames of one read leave in one socket write, as the server's do.
+        res.cork();
+        for (let at = pending.indexOf('\n\n'); at >= 0; at = pending.indexOf('\n\n')) {
+          const event = pending.slice(0, at);
+          pending = pending.slice(at + 2);
+          if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
+          const chunk = JSON.parse(event.slice(6)) as UpstreamChunk & { id?: string; model?: string };
+          if (chunk.usage)
+            usage = {
+              prompt: BigInt(chunk.usage.prompt_tokens ?? 0),
+              completion: BigInt(chunk.usage.completion_tokens ?? 0),
+            };
+          chunk.id = `chatcmpl-${billed.requestId}`;
+          chunk.model = billed.model;
+          res.write(`data: ${JSON.stringify(chunk)}\n\n`);
+        }
+        process.nextTick(() => res.uncork());
+      });
+      answer.on('end', () => end(usage));
+    },
+    fail,
+  );
 }
 
 function reply(res: ServerResponse, status: number, body: string | Buffer): void {
