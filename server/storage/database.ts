@@ -26,6 +26,7 @@ import {
   type SqliteDialectConfig,
   SqliteDriver,
   sql,
+  Transaction,
 } from 'kysely';
 import pg from 'pg';
 import { extend } from '../objects.ts';
@@ -35,6 +36,7 @@ import {
   directRunner,
   GROUP_COMMIT_MAX,
   groupCommitting,
+  type ReusableTransaction,
   type TransactionRunner,
 } from './group-commit.ts';
 import { preparedName, type StatementRunner } from './internal.ts';
@@ -166,8 +168,8 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
     : startCheckpointer(filename, options.checkpointIntervalMs ?? CHECKPOINT_INTERVAL_MS);
   if (checkpointer) sqlite.pragma(`wal_autocheckpoint = ${SAFETY_CHECKPOINT_PAGES}`);
   const cached = cachingStatements(sqlite);
-  const dialect = new ImmediateSqliteDialect({ database: cached });
-  const db = new Kysely<Tables>({ dialect: observed(dialect, options.onQuery) });
+  const dialect = observed(new ImmediateSqliteDialect({ database: cached }), options.onQuery);
+  const db = new Kysely<Tables>({ dialect });
   // A compiled statement run as Kysely's SQLite driver runs it (same cache, same result), without its steps.
   const direct: DirectStatement = <R>(query: CompiledQuery<R>): QueryResult<R> => {
     options.onQuery?.(query.sql);
@@ -178,8 +180,8 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   };
   // Savepoints of a commit group go straight to the connection the group's transaction holds.
   const savepoints = new Map<string, SqliteDatabase.Statement>();
-  const raw = (text: string) => {
-    options.onQuery?.(text);
+  const raw = (text: string, reportedAs?: string) => {
+    options.onQuery?.(reportedAs ?? text);
     let statement = savepoints.get(text);
     if (!statement) {
       statement = sqlite.prepare(text);
@@ -187,7 +189,15 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
     }
     statement.run();
   };
-  const group = groupCommitting(db, raw, GROUP_COMMIT_MAX, direct);
+  // The commit groups' one transaction object: the database's own executor on the connection a group holds.
+  const reusable: ReusableTransaction<Tables> = (provider) =>
+    new Transaction<Tables>({
+      config: { dialect },
+      dialect,
+      driver: NO_DRIVER,
+      executor: db.getExecutor().withConnectionProvider(provider),
+    });
+  const group = groupCommitting(db, raw, reusable, GROUP_COMMIT_MAX, direct);
   // A short write outside a group runs straight on the connection too: no other transaction can be open on
   // it then (every write transaction is the group's), and a statement never is half-run (better-sqlite3 is
   // synchronous).
@@ -294,6 +304,20 @@ function wrap(
     },
   };
 }
+
+/**
+ * The driver the commit groups' transaction object is given (Kysely wants one): that object never opens,
+ * ends or hands out connections itself; a group does, on the database's own driver.
+ */
+const NO_DRIVER: Driver = {
+  init: async () => {},
+  acquireConnection: () => Promise.reject(new Error('Not available inside a transaction')),
+  beginTransaction: () => Promise.reject(new Error('Not available inside a transaction')),
+  commitTransaction: () => Promise.reject(new Error('Not available inside a transaction')),
+  rollbackTransaction: () => Promise.reject(new Error('Not available inside a transaction')),
+  releaseConnection: async () => {},
+  destroy: async () => {},
+};
 
 /**
  * SQLite write transactions start with BEGIN IMMEDIATE: the write lock is taken up front, so a transaction

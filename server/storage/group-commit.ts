@@ -20,10 +20,25 @@
  * With nothing waiting, a transaction is exactly BEGIN IMMEDIATE, its statements, COMMIT: no savepoint is
  * opened for the first function of a group. PostgreSQL does not need this (a pool of connections commits in
  * parallel) and does not use it.
+ *
+ * Every group runs its functions with one transaction object, made once (`reusable`), on the connection as
+ * Kysely hands it out (its driver's lock held for the group, so Kysely's other statements wait), with BEGIN,
+ * COMMIT and ROLLBACK as plain statements. Kysely's own `transaction().execute` makes a builder, two executors,
+ * a connection provider and a `Transaction` for every transaction, several of them from spread literals that
+ * V8 gives a hidden class of their own in its old generation (bench/HISTORY.md, thirteenth and fourteenth
+ * rounds). Outside a group the object's statements are refused, as Kysely refuses a finished transaction's.
  */
 // From node:timers, not the global: fake timers in tests replace the global setImmediate, not this one.
 import { setImmediate } from 'node:timers';
-import type { Compilable, CompiledQuery, Kysely, QueryResult, Transaction } from 'kysely';
+import type {
+  Compilable,
+  CompiledQuery,
+  ConnectionProvider,
+  DatabaseConnection,
+  Kysely,
+  QueryResult,
+  Transaction,
+} from 'kysely';
 
 export type TransactionRunner<DB> = <T>(fn: (trx: Transaction<DB>) => Promise<T>) => Promise<T>;
 
@@ -31,11 +46,12 @@ export type TransactionRunner<DB> = <T>(fn: (trx: Transaction<DB>) => Promise<T>
 export type GroupCommitting<DB> = { transaction: TransactionRunner<DB>; busy(): boolean };
 
 /**
- * Runs a savepoint statement (`savepoint x`, `release savepoint x`, `rollback to savepoint x`) on the one
- * connection, synchronously. Only called while the group's transaction holds that connection, between two
- * statements of its own: nothing else can be running on it.
+ * Runs a statement of the group's own (BEGIN IMMEDIATE, COMMIT, ROLLBACK, `savepoint x`, `release savepoint x`,
+ * `rollback to savepoint x`) on the one connection, synchronously, reported to `onQuery` as `reportedAs` when
+ * given. Only called while a group holds that connection, between two statements of its functions: nothing
+ * else can be running on it.
  */
-export type RawStatement = (text: string) => void;
+export type RawStatement = (text: string, reportedAs?: string) => void;
 
 /**
  * Runs a compiled statement on the one connection, synchronously, as the dialect's driver would (same text,
@@ -62,16 +78,45 @@ export function directRunner(direct: DirectStatement) {
 }
 
 /**
- * The group's transaction with its `executeQuery` (what compiledOnce's hot statements call) running the
- * statement straight on the connection the transaction holds (directRunner). The transaction itself (BEGIN,
- * COMMIT, its hold on the connection) and the statements of query builders stay Kysely's.
+ * Makes the transaction object every group uses: a `Transaction` whose statements go through `provider`
+ * (database.ts builds it on the database's own executor).
  */
-function straight<DB>(
-  trx: Transaction<DB>,
-  executeQuery: ReturnType<typeof directRunner>['executeQuery'],
-): Transaction<DB> {
-  Object.defineProperty(trx, 'executeQuery', { value: executeQuery });
-  return trx;
+export type ReusableTransaction<DB> = (provider: ConnectionProvider) => Transaction<DB>;
+
+/** Raised by a statement of the groups' transaction object run while no group holds the connection. */
+export class TransactionEndedError extends Error {
+  constructor() {
+    super('The transaction has ended: its statements run only inside it');
+  }
+}
+
+/**
+ * The groups' transaction: its statements run on the connection a group holds, and only while one does. Its
+ * `executeQuery` (what compiledOnce's hot statements call) runs the statement straight on that connection
+ * (directRunner); the statements of query builders go through Kysely's executor to the same connection.
+ */
+function groupsTransaction<DB>(
+  reusable: ReusableTransaction<DB>,
+  executeQuery: ReturnType<typeof directRunner>['executeQuery'] | undefined,
+) {
+  const state = {
+    connection: undefined as DatabaseConnection | undefined,
+    trx: undefined as unknown as Transaction<DB>,
+  };
+  const provider: ConnectionProvider = {
+    provideConnection(consumer) {
+      const connection = state.connection;
+      return connection ? consumer(connection) : Promise.reject(new TransactionEndedError());
+    },
+  };
+  state.trx = reusable(provider);
+  if (executeQuery) {
+    Object.defineProperty(state.trx, 'executeQuery', {
+      value: <R>(query: CompiledQuery<R> | Compilable<R>) =>
+        state.connection ? executeQuery(query) : Promise.reject(new TransactionEndedError()),
+    });
+  }
+  return state;
 }
 
 type Waiting<DB> = {
@@ -96,11 +141,13 @@ export const GROUP_COMMIT_MAX = 16;
 export function groupCommitting<DB>(
   db: Kysely<DB>,
   raw: RawStatement,
+  reusable: ReusableTransaction<DB>,
   maxGroup = GROUP_COMMIT_MAX,
   direct?: DirectStatement,
 ): GroupCommitting<DB> {
-  // Made once: every group's transaction gets the same one (straight).
-  const straightQuery = direct && directRunner(direct).executeQuery;
+  const executor = db.getExecutor();
+  // Made by the first group, used by every group.
+  let shared: ReturnType<typeof groupsTransaction<DB>> | undefined;
   const queue: Waiting<DB>[] = [];
   let draining = false;
 
@@ -136,19 +183,35 @@ export function groupCommitting<DB>(
     const done: Done<DB>[] = [];
     let began = false;
     try {
-      await db.transaction().execute(async (opened) => {
+      await executor.provideConnection(async (connection) => {
+        shared ??= groupsTransaction(reusable, direct && directRunner(direct).executeQuery);
+        const group = shared;
+        // Reported as `begin`, as Kysely's driver reports a transaction's start on either engine.
+        raw('begin immediate', 'begin');
         began = true;
-        const trx = straightQuery ? straight(opened, straightQuery) : opened;
+        group.connection = connection;
         try {
-          done.push(completed(first, await first.fn(trx)));
+          try {
+            done.push(completed(first, await first.fn(group.trx)));
+          } catch (error) {
+            // The first function is alone in the transaction: undoing it is the plain rollback.
+            first.reject(error);
+            throw error;
+          }
+          while (queue.length > 0 && done.length < maxGroup) {
+            const item = await inSavepoint(group.trx, queue.shift() as Waiting<DB>, `group_${done.length}`);
+            if (item) done.push(item);
+          }
+          raw('commit');
         } catch (error) {
-          // The first function is alone in the transaction: undoing it is the plain rollback.
-          first.reject(error);
+          // As Kysely does after a failed function or COMMIT; a transaction SQLite already ended has nothing
+          // to roll back, and the error that ended it is the one reported.
+          try {
+            raw('rollback');
+          } catch {}
           throw error;
-        }
-        while (queue.length > 0 && done.length < maxGroup) {
-          const item = await inSavepoint(trx, queue.shift() as Waiting<DB>, `group_${done.length}`);
-          if (item) done.push(item);
+        } finally {
+          group.connection = undefined;
         }
       });
     } catch (error) {

@@ -7,9 +7,10 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Sqlite from 'better-sqlite3';
-import { sql } from 'kysely';
+import { sql, type Transaction } from 'kysely';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
+import { TransactionEndedError } from '../../server/storage/group-commit.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'svc-group-commit-'));
 const file = join(scratch, 'db.sqlite');
@@ -197,6 +198,30 @@ describe('group commit (SQLite)', () => {
     await expect(first).rejects.toThrow('first fails');
     await expect(Promise.all(behind)).resolves.toEqual([0, 1]);
     expect(committedLabels()).toEqual(['x', 'y']);
+  });
+
+  test('behavior: every group runs with one transaction object, which refuses statements outside its group', async () => {
+    const seen: Transaction<unknown>[] = [];
+    await database.transaction(async (trx) => {
+      seen.push(trx as Transaction<unknown>);
+      await sql`insert into items (n, label) values (${0}, ${'in'})`.execute(trx);
+    });
+    await database.transaction(async (trx) => {
+      seen.push(trx as Transaction<unknown>);
+    });
+    // Made once (not a builder, executors and a Transaction per transaction, as Kysely's own execute makes).
+    expect(seen[1]).toBe(seen[0]);
+    const kept = seen[0] as Transaction<unknown>;
+    statements.length = 0;
+    // A statement of a query builder, and a compiled one (what the hot statements run), after the group ended.
+    await expect(sql`insert into items (n, label) values (${1}, ${'late'})`.execute(kept)).rejects.toThrow(
+      TransactionEndedError,
+    );
+    await expect(
+      kept.executeQuery(sql`insert into items (n, label) values (${2}, ${'late'})`.compile(kept)),
+    ).rejects.toThrow(TransactionEndedError);
+    expect(statements).toEqual([]);
+    expect(committedLabels()).toEqual(['in']);
   });
 
   test('behavior: when the group itself breaks, every caller in it gets the error and nothing of it is kept', async () => {
