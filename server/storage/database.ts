@@ -189,7 +189,8 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
     }
     statement.run();
   };
-  // The commit groups' one transaction object: the database's own executor on the connection a group holds.
+  // The commit groups' one transaction object: the database's own executor on the connection a group holds
+  // (`getExecutor` is Kysely's, marked internal; Kysely is pinned at 0.28 and group-commit.test.ts covers it).
   const reusable: ReusableTransaction<Tables> = (provider) =>
     new Transaction<Tables>({
       config: { dialect },
