@@ -6,6 +6,7 @@
 import { hostname } from 'node:os';
 import { z } from 'zod';
 import { RPC_NETWORK_SLUGS, upstreamListSchema, upstreamVariable } from './domains/rpc/networks.ts';
+import { CHECKPOINT_INTERVAL_MS } from './storage/database.ts';
 
 const bool = z
   .enum(['true', 'false', '1', '0', 'yes', 'no', 'on', 'off'])
@@ -26,7 +27,12 @@ const variables = z.object({
     .regex(/^(sqlite:|postgres:\/\/|postgresql:\/\/)/, 'sqlite:<path>, sqlite::memory: or postgres://…')
     .default('sqlite:./data/service.db'),
   DATABASE_PREPARED_STATEMENTS: bool.default(true),
-  SQLITE_CHECKPOINT_INTERVAL_MS: z.coerce.number().int().min(1).max(3_600_000).default(10),
+  SQLITE_CHECKPOINT_INTERVAL_MS: z.coerce
+    .number()
+    .int()
+    .min(1)
+    .max(3_600_000)
+    .default(CHECKPOINT_INTERVAL_MS),
   SERVICE_CONFIG: z.string().min(1).optional(),
   ADMIN_API_KEY: z.string().min(20, 'at least 20 characters').optional(),
   BOOTSTRAP_BALANCE_USD: usd.default('10'),

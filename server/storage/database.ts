@@ -178,14 +178,15 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
     const { changes, lastInsertRowid } = statement.run(query.parameters);
     return { numAffectedRows: BigInt(changes), insertId: BigInt(lastInsertRowid), rows: [] };
   };
-  // Savepoints of a commit group go straight to the connection the group's transaction holds.
-  const savepoints = new Map<string, SqliteDatabase.Statement>();
+  // A commit group's own statements (BEGIN, COMMIT, ROLLBACK, its savepoints) go straight to the connection
+  // the group holds, each prepared once.
+  const groupStatements = new Map<string, SqliteDatabase.Statement>();
   const raw = (text: string, reportedAs?: string) => {
     options.onQuery?.(reportedAs ?? text);
-    let statement = savepoints.get(text);
+    let statement = groupStatements.get(text);
     if (!statement) {
       statement = sqlite.prepare(text);
-      savepoints.set(text, statement);
+      groupStatements.set(text, statement);
     }
     statement.run();
   };
@@ -310,12 +311,13 @@ function wrap(
  * The driver the commit groups' transaction object is given (Kysely wants one): that object never opens,
  * ends or hands out connections itself; a group does, on the database's own driver.
  */
+const notInTransaction = () => Promise.reject(new Error('Not available inside a transaction'));
 const NO_DRIVER: Driver = {
   init: async () => {},
-  acquireConnection: () => Promise.reject(new Error('Not available inside a transaction')),
-  beginTransaction: () => Promise.reject(new Error('Not available inside a transaction')),
-  commitTransaction: () => Promise.reject(new Error('Not available inside a transaction')),
-  rollbackTransaction: () => Promise.reject(new Error('Not available inside a transaction')),
+  acquireConnection: notInTransaction,
+  beginTransaction: notInTransaction,
+  commitTransaction: notInTransaction,
+  rollbackTransaction: notInTransaction,
   releaseConnection: async () => {},
   destroy: async () => {},
 };
@@ -324,7 +326,8 @@ const NO_DRIVER: Driver = {
  * SQLite write transactions start with BEGIN IMMEDIATE: the write lock is taken up front, so a transaction
  * that reads a balance and then writes it cannot interleave with another connection's (another process's)
  * writer, and never hits the deferred-upgrade SQLITE_BUSY deadlock. In one process the Kysely driver already
- * serialises everything on its single connection.
+ * serialises everything on its single connection. The server's write transactions are commit groups, which
+ * begin theirs the same way (group-commit.ts); this driver serves a `db.transaction()` called directly.
  */
 class ImmediateSqliteDriver extends SqliteDriver {
   override async beginTransaction(connection: DatabaseConnection): Promise<void> {
