@@ -93,11 +93,20 @@ function percentile(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))] ?? 0;
 }
 
-/** `count` sequential requests on one keep-alive connection after a short warm-up; microseconds. */
-export async function latency(target: Target, count: number): Promise<Latency> {
+/**
+ * `count` sequential requests on one keep-alive connection after a warm-up on the same connection (`warmup`
+ * requests, 50 unless told; then `afterWarmup`, awaited, before the first measured one); microseconds.
+ */
+export async function latency(
+  target: Target,
+  count: number,
+  options: { warmup?: number; afterWarmup?: () => Promise<void> } = {},
+): Promise<Latency> {
   const agent = new Agent({ keepAlive: true, maxSockets: 1 });
   try {
-    for (let i = 0; i < Math.min(50, count); i++) await send(agent, target);
+    const warmup = options.warmup ?? Math.min(50, count);
+    for (let i = 0; i < warmup; i++) await send(agent, target);
+    await options.afterWarmup?.();
     const samples: number[] = [];
     for (let i = 0; i < count; i++) {
       const start = process.hrtime.bigint();

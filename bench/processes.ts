@@ -66,17 +66,19 @@ async function waitForHttp(url: string, child: ChildProcess, log: () => string, 
 /**
  * Starts `node --import tsx <script>` (`node <script>` for a `.mjs` script such as `server/start.mjs`, the
  * server as `npm start` runs it; the process itself, no wrapper: its pid is the server's) with `PORT` set to
- * a free port, and waits until `readyPath` answers.
+ * a free port, and waits until `readyPath` answers. `nodeArgs` go to node before the script (`--import` of
+ * a preload, say).
  */
 export async function startNodeChild(
   name: string,
   script: string,
   env: Record<string, string>,
   readyPath = '/',
+  nodeArgs: readonly string[] = [],
 ): Promise<Child> {
   const port = await freePort();
   const loader = script.endsWith('.mjs') ? [] : ['--import', 'tsx'];
-  const child = spawn(process.execPath, [...loader, join(repoRoot, script)], {
+  const child = spawn(process.execPath, [...nodeArgs, ...loader, join(repoRoot, script)], {
     cwd: repoRoot,
     env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '', ...env, PORT: String(port) },
     stdio: ['ignore', 'pipe', 'pipe'],

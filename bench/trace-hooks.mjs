@@ -1,0 +1,123 @@
+/**
+ * Preloaded into the server by `npm run bench:trace` (`node --import ./bench/trace-hooks.mjs server/start.mjs`):
+ * stamps, with `performance.now()`, what one request goes through, without a line of the server changed.
+ *
+ * - `req` and `finish`: the request's arrival and its response's end (Node's `http.server.*` diagnostics
+ *   channels);
+ * - `sql <statement>` and `sql done`: each SQLite statement run on the server's own connection (its prepared
+ *   statements, wrapped), with its verb and table: `sql begin immediate`, `sql insert ledger_entries`, `sql commit`;
+ * - `upstream` and `upstream answer`: a request to an upstream (JSON-RPC node, chat provider) sent (its headers
+ *   flushed to the socket), and its answer's headers read, just before its `response` event (`http.client.*`
+ *   channels);
+ * - `writeHead`, `end` and `ended`: the answer's headers set, and the call that writes its last bytes (before and
+ *   after: a socket write to the client happens inside it);
+ * - garbage collections, with their start, duration and kind (a `gc` performance observer).
+ *
+ * Kept in preallocated arrays; SIGUSR2 writes them as JSON to `TRACE_OUT` and starts afresh (the harness sends
+ * it after its warm-up and after its measurement). Nothing is written otherwise.
+ */
+import dc from 'node:diagnostics_channel';
+import { writeFileSync } from 'node:fs';
+import { ServerResponse } from 'node:http';
+import { createRequire } from 'node:module';
+import { PerformanceObserver, performance } from 'node:perf_hooks';
+
+const CAPACITY = 4_000_000;
+const ids = new Float64Array(CAPACITY);
+const times = new Float64Array(CAPACITY);
+const labels = [];
+const labelIds = new Map();
+let count = 0;
+const gcs = [];
+
+function mark(label) {
+  let id = labelIds.get(label);
+  if (id === undefined) {
+    id = labels.length;
+    labels.push(label);
+    labelIds.set(label, id);
+  }
+  if (count < CAPACITY) {
+    ids[count] = id;
+    times[count] = performance.now();
+    count++;
+  }
+}
+
+dc.subscribe('http.server.request.start', () => mark('req'));
+dc.subscribe('http.server.response.finish', () => mark('finish'));
+dc.subscribe('http.client.request.start', () => mark('upstream'));
+dc.subscribe('http.client.response.finish', () => mark('upstream answer'));
+
+const { writeHead, end } = ServerResponse.prototype;
+ServerResponse.prototype.writeHead = function (...args) {
+  mark('writeHead');
+  return Reflect.apply(writeHead, this, args);
+};
+ServerResponse.prototype.end = function (...args) {
+  mark('end');
+  try {
+    return Reflect.apply(end, this, args);
+  } finally {
+    mark('ended');
+  }
+};
+
+/** `begin immediate`, `commit`, `insert ledger_entries`, `update accounts`: a statement's verb and table. */
+function statementLabel(source) {
+  const text = source.trim().replace(/\s+/g, ' ').replaceAll('"', '').toLowerCase();
+  const table = /^(?:insert into|update|delete from|select .*? from) ([a-z_]+)/.exec(text);
+  const verb = text.split(' ', 1)[0];
+  return `sql ${table ? `${verb} ${table[1]}` : text.slice(0, 40)}`;
+}
+
+// The server's statements are better-sqlite3's; their prototype is reached through the first one prepared.
+const require = createRequire(import.meta.url);
+const Database = require('better-sqlite3');
+const wrapped = new WeakSet();
+const { prepare } = Database.prototype;
+Database.prototype.prepare = function (...args) {
+  const statement = Reflect.apply(prepare, this, args);
+  const proto = Object.getPrototypeOf(statement);
+  if (!wrapped.has(proto)) {
+    wrapped.add(proto);
+    const labelsOf = new WeakMap();
+    for (const name of ['run', 'get', 'all']) {
+      const original = proto[name];
+      proto[name] = function (...values) {
+        let label = labelsOf.get(this);
+        if (label === undefined) {
+          label = statementLabel(this.source);
+          labelsOf.set(this, label);
+        }
+        mark(label);
+        try {
+          return Reflect.apply(original, this, values);
+        } finally {
+          mark('sql done');
+        }
+      };
+    }
+  }
+  return statement;
+};
+
+new PerformanceObserver((list) => {
+  for (const entry of list.getEntries()) gcs.push([entry.startTime, entry.duration, entry.detail?.kind ?? 0]);
+}).observe({ entryTypes: ['gc'] });
+
+process.on('SIGUSR2', () => {
+  const out = process.env.TRACE_OUT;
+  if (out) {
+    writeFileSync(
+      out,
+      JSON.stringify({
+        labels,
+        ids: Array.from(ids.subarray(0, count)),
+        times: Array.from(times.subarray(0, count)),
+        gcs: gcs.splice(0),
+      }),
+    );
+  }
+  count = 0;
+});
