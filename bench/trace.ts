@@ -9,33 +9,21 @@
  * target measured directly for comparison. The stamps cost a few µs per request; the steps' sizes, not the
  * total, are what it is for.
  */
-import { randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startAnvil } from '../test/support/anvil.ts';
-import { repoRoot } from '../test/support/contract.ts';
 import { latency, type Target } from './measure.ts';
-import { type Child, startNodeChild, stopAll, track } from './processes.ts';
+import { startNodeChild, stopAll, track } from './processes.ts';
 import { catalogOverride, fundedKey } from './setup.ts';
-import { analyseTrace, renderTrace, type TraceDump } from './trace-analysis.ts';
+import { analyseTrace, renderTrace } from './trace-analysis.ts';
+import { startTracedServer } from './trace-server.ts';
 
 const kind = (['rpc', 'chat'] as const).find((k) => k === process.argv[2]) ?? 'upstream';
 const count = Number(process.argv[3] ?? 5000);
 const warmup = Number(process.env.TRACE_WARMUP ?? 3000);
 const scratch = mkdtempSync(join(tmpdir(), 'svc-trace-'));
-const dumpFile = join(scratch, 'trace.json');
 const log = (message: string) => process.stderr.write(`[trace] ${message}\n`);
-
-/** SIGUSR2 to the server, then the dump it writes. */
-async function dumpOf(server: Child): Promise<TraceDump> {
-  rmSync(dumpFile, { force: true });
-  process.kill(server.pid, 'SIGUSR2');
-  for (let i = 0; i < 100 && !existsSync(dumpFile); i++) await new Promise((r) => setTimeout(r, 50));
-  // The file is written at once (writeFileSync): present means complete, but give it a moment to be flushed.
-  await new Promise((r) => setTimeout(r, 100));
-  return JSON.parse(readFileSync(dumpFile, 'utf8')) as TraceDump;
-}
 
 try {
   const upstream =
@@ -44,27 +32,14 @@ try {
   if (anvil) track(anvil.pid, () => anvil.stop());
   const catalogPath = join(scratch, 'catalog.yaml');
   writeFileSync(catalogPath, catalogOverride(upstream?.origin ?? 'http://127.0.0.1:9'));
-  const url = `sqlite:${join(scratch, 'trace.db')}`;
-  const key = await fundedKey(url);
-  const server = await startNodeChild(
-    'server (traced)',
-    'server/start.mjs',
-    {
-      NODE_ENV: 'production',
-      LOG_LEVEL: 'warn',
-      DATABASE_URL: url,
-      ADMIN_API_KEY: `svc_admin_${randomBytes(24).toString('hex')}`,
-      SERVICE_CONFIG: catalogPath,
-      LOCAL_CHAT_TOKEN_DELAY_MS: '0',
-      VIDEO_WORKER_ENABLED: 'false',
-      RPC_REQUESTS_PER_MINUTE: '1000000000',
-      RPC_CREDITS_PER_DAY: '1000000000000',
-      ...(anvil ? { RPC_UPSTREAM_BASE_MAINNET: anvil.url } : {}),
-      TRACE_OUT: dumpFile,
-    },
-    '/healthz',
-    ['--import', join(repoRoot, 'bench', 'trace-hooks.mjs')],
-  );
+  const databaseUrl = `sqlite:${join(scratch, 'trace.db')}`;
+  const key = await fundedKey(databaseUrl);
+  const server = await startTracedServer({
+    databaseUrl,
+    catalogPath,
+    dumpFile: join(scratch, 'trace.json'),
+    env: anvil ? { RPC_UPSTREAM_BASE_MAINNET: anvil.url } : {},
+  });
   const headers = (secret?: string) => ({
     'content-type': 'application/json',
     ...(secret ? { authorization: `Bearer ${secret}` } : {}),
@@ -112,10 +87,10 @@ try {
   const measured = await latency(traced, count, {
     warmup,
     afterWarmup: async () => {
-      await dumpOf(server);
+      await server.dump();
     },
   });
-  const analysis = analyseTrace(await dumpOf(server));
+  const analysis = analyseTrace(await server.dump());
   const baseline = direct ? await latency(direct, Math.min(count, 3000)) : undefined;
   process.stdout.write(
     renderTrace(

@@ -1,0 +1,57 @@
+/**
+ * The traced server of `npm run bench:trace` (and of its test): the server as `npm start` runs it, with
+ * bench/trace-hooks.mjs preloaded, and the stamps it keeps read back on demand.
+ */
+import { randomBytes } from 'node:crypto';
+import { existsSync, readFileSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { repoRoot } from '../test/support/contract.ts';
+import { type Child, startNodeChild } from './processes.ts';
+import type { TraceDump } from './trace-analysis.ts';
+
+export type TracedServer = Child & {
+  /** The stamps taken since the last call (or the start), from a SIGUSR2 to the server; the next start afresh. */
+  dump(): Promise<TraceDump>;
+};
+
+/**
+ * Starts the server on `databaseUrl` with the catalogue at `catalogPath` (production settings, the local
+ * engine without token delay, limits out of the way as the harness sets them), writing its stamps to
+ * `dumpFile`; `env` adds to or overrides its environment.
+ */
+export async function startTracedServer(input: {
+  databaseUrl: string;
+  catalogPath: string;
+  dumpFile: string;
+  env?: Record<string, string>;
+}): Promise<TracedServer> {
+  const { dumpFile } = input;
+  const server = await startNodeChild(
+    'server (traced)',
+    'server/start.mjs',
+    {
+      NODE_ENV: 'production',
+      LOG_LEVEL: 'warn',
+      DATABASE_URL: input.databaseUrl,
+      ADMIN_API_KEY: `svc_admin_${randomBytes(24).toString('hex')}`,
+      SERVICE_CONFIG: input.catalogPath,
+      LOCAL_CHAT_TOKEN_DELAY_MS: '0',
+      VIDEO_WORKER_ENABLED: 'false',
+      RPC_REQUESTS_PER_MINUTE: '1000000000',
+      RPC_CREDITS_PER_DAY: '1000000000000',
+      ...input.env,
+      TRACE_OUT: dumpFile,
+    },
+    '/healthz',
+    ['--import', join(repoRoot, 'bench', 'trace-hooks.mjs')],
+  );
+  return Object.assign(server, {
+    async dump(): Promise<TraceDump> {
+      rmSync(dumpFile, { force: true });
+      process.kill(server.pid, 'SIGUSR2');
+      // The hooks write the file in one synchronous call: once it is there, it is whole.
+      for (let i = 0; i < 200 && !existsSync(dumpFile); i++) await new Promise((r) => setTimeout(r, 25));
+      return JSON.parse(readFileSync(dumpFile, 'utf8')) as TraceDump;
+    },
+  });
+}
