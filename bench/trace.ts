@@ -19,9 +19,16 @@ import { catalogOverride, fundedKey } from './setup.ts';
 import { analyseTrace, renderTrace } from './trace-analysis.ts';
 import { startTracedServer } from './trace-server.ts';
 
-const kind = (['rpc', 'chat'] as const).find((k) => k === process.argv[2]) ?? 'upstream';
+const kinds = ['upstream', 'rpc', 'chat'] as const;
+const kind = kinds.find((k) => k === (process.argv[2] ?? 'upstream'));
 const count = Number(process.argv[3] ?? 5000);
 const warmup = Number(process.env.TRACE_WARMUP ?? 3000);
+if (!kind || !Number.isSafeInteger(count) || count < 100 || !Number.isSafeInteger(warmup) || warmup < 0) {
+  process.stderr.write(
+    'usage: npm run bench:trace -- [upstream|rpc|chat] [count >= 100]  (TRACE_WARMUP: warm-up requests, >= 0)\n',
+  );
+  process.exit(2);
+}
 const scratch = mkdtempSync(join(tmpdir(), 'svc-trace-'));
 const log = (message: string) => process.stderr.write(`[trace] ${message}\n`);
 
