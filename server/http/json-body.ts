@@ -4,6 +4,9 @@
  * of this API sends, and body-parser's general machinery (type matching, charset decoding through iconv,
  * inflation, raw-body's length accounting) is a noticeable share of a small request's CPU.
  *
+ * A body already whole in the request's buffer when this step runs is taken at once; otherwise it is read as
+ * it arrives.
+ *
  * It gives the same result as `express.json({ strict: true })` for those requests: the UTF-8 text without a
  * byte-order mark, `{}` for an empty body, and a parse error of type `entity.parse.failed` (the error handler
  * answers 400 `INVALID_JSON`) for anything that is not a JSON object or array. Every other request (other
@@ -69,6 +72,22 @@ export function jsonBody(limitBytes: number, general: RequestHandler): RequestHa
       return;
     }
     const expected = Number(length);
+    // Node's parser reads a small request's body in the same call as its head, so when this step runs after an
+    // awaited one (authentication), the body is usually whole in the request's buffer already: taken at once,
+    // without the stream's events (`resume`, `data` and `end`, each in a turn of its own). Its length is the
+    // Content-Length, so nothing more can come. (Fifteenth round of bench/HISTORY.md: the proxies' added p50 7
+    // to 19 µs lower, chat 1 to 4% more requests/s.)
+    if (expected > 0 && req.readableLength === expected) {
+      const bytes = req.read() as Buffer;
+      try {
+        req.body = parseStrictJson(bytes.toString('utf8'));
+      } catch (failure) {
+        next(failure);
+        return;
+      }
+      next();
+      return;
+    }
     const chunks: Buffer[] = [];
     let received = 0;
     let settled = false;

@@ -12,8 +12,16 @@ const bodyParser = express.json({ limit: LIMIT, type: ['application/json', 'appl
 
 type Outcome = { body?: unknown; error?: { type?: string; status?: number }; general: boolean };
 
-/** A request stream with these headers and bytes, through `jsonBody` in front of body-parser. */
-function read(headers: Record<string, string>, bytes: Buffer | string, options: { cut?: boolean } = {}) {
+/**
+ * A request stream with these headers and bytes, through `jsonBody` in front of body-parser. `buffered`: that
+ * many bytes are in the request's buffer before the step runs (all of them: the body read with the request's
+ * head), the rest arrive after; `sync` in the outcome says whether the step went on before returning.
+ */
+function read(
+  headers: Record<string, string>,
+  bytes: Buffer | string,
+  options: { cut?: boolean; buffered?: number } = {},
+) {
   const data = Buffer.from(bytes);
   const req = new Readable({ read() {} }) as unknown as Request & Readable;
   Object.assign(req, { headers: { ...headers }, method: 'POST', url: '/' });
@@ -22,16 +30,22 @@ function read(headers: Record<string, string>, bytes: Buffer | string, options: 
     general = true;
     return bodyParser(q, s, n);
   };
-  return new Promise<Outcome>((resolve) => {
+  const early = options.buffered ?? 0;
+  // Two pushes when there is more than a byte: the buffer holds chunks, not one piece.
+  if (early > 1) req.push(data.subarray(0, 1));
+  if (early > 0) req.push(data.subarray(early > 1 ? 1 : 0, early));
+  let returned = false;
+  return new Promise<Outcome & { sync: boolean }>((resolve) => {
     jsonBody(LIMIT, counting)(req, {} as Response, (error?: unknown) =>
-      resolve({ body: req.body, error: error as Outcome['error'], general }),
+      resolve({ body: req.body, error: error as Outcome['error'], general, sync: !returned }),
     );
+    returned = true;
     if (options.cut) {
       req.push(data.subarray(0, 1));
       req.emit('aborted');
       return;
     }
-    if (data.length > 0) req.push(data);
+    if (data.length > early) req.push(data.subarray(early));
     req.push(null);
   });
 }
@@ -67,9 +81,9 @@ describe('jsonBody', () => {
       'application/json;charset=utf-8',
     ]) {
       const direct = await read(plain(text, type), text);
-      expect(direct).toEqual({ body: JSON.parse(text), error: undefined, general: false });
+      expect(direct).toEqual({ body: JSON.parse(text), error: undefined, general: false, sync: false });
     }
-    expect(await read(plain(''), '')).toEqual({ body: {}, error: undefined, general: false });
+    expect(await read(plain(''), '')).toMatchObject({ body: {}, error: undefined, general: false });
   });
 
   test('the same answers as body-parser on the same bad bodies', async () => {
@@ -109,5 +123,23 @@ describe('jsonBody', () => {
     expect(outcome.general).toBe(false);
     expect(outcome.body).toBeUndefined();
     expect(outcome.error).toMatchObject({ type: 'request.aborted', status: 400 });
+  });
+
+  test('a body already whole in the buffer is taken at once, with the same body and errors', async () => {
+    const text = JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'héllo ✓' }] });
+    const length = Buffer.byteLength(text);
+    const whole = await read(plain(text), text, { buffered: length });
+    expect(whole).toEqual({ body: JSON.parse(text), error: undefined, general: false, sync: true });
+    // Part of it in the buffer: read as it arrives, the same body.
+    const part = await read(plain(text), text, { buffered: length - 5 });
+    expect(part).toEqual({ body: JSON.parse(text), error: undefined, general: false, sync: false });
+    for (const bad of ['nope', '42', '{"a":', '\ufeff[1]']) {
+      const atOnce = await read(plain(bad), bad, { buffered: Buffer.byteLength(bad) });
+      const asItComes = await read(plain(bad), bad);
+      expect(atOnce.sync).toBe(true);
+      expect(atOnce.body).toEqual(asItComes.body);
+      expect(atOnce.error?.type).toBe(asItComes.error?.type);
+      expect(atOnce.error?.status).toBe(asItComes.error?.status);
+    }
   });
 });
