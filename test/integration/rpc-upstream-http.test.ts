@@ -29,8 +29,23 @@ beforeAll(async () => {
         body: Buffer.concat(chunks).toString(),
         socket: sockets.get(req.socket) ?? 0,
       });
+      const answer = '{"jsonrpc":"2.0","id":7,"result":"0x2a"}';
+      if (req.url === '/late') {
+        // The head first, the body later: not in the client's buffer when its head is read.
+        res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(answer.length) });
+        res.flushHeaders();
+        setTimeout(() => res.end(answer), 20);
+        return;
+      }
+      if (req.url === '/chunked') {
+        // No length: two chunks, the second later.
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.write(answer.slice(0, 10));
+        setTimeout(() => res.end(answer.slice(10)), 20);
+        return;
+      }
       res.writeHead(200, { 'content-type': 'application/json' });
-      res.end('{"jsonrpc":"2.0","id":7,"result":"0x2a"}');
+      res.end(answer);
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -86,5 +101,26 @@ test('behavior: sequential calls reuse one keep-alive connection; no credentials
     expect(seen[0]?.headers.host).toBe(`127.0.0.1:${port}`);
   } finally {
     upstream.close();
+  }
+});
+
+test('behavior: an answer whole at once, its body after its head, or chunked: the same bytes, one connection', async () => {
+  const payload = Buffer.from('{"jsonrpc":"2.0","id":7,"method":"eth_chainId"}');
+  for (const path of ['', '/late', '/chunked']) {
+    const upstream = createHttpRpcUpstream({
+      endpoints: [{ url: `http://127.0.0.1:${port}${path}`, timeoutMs: 5000 }],
+      maxResponseBytes: 1 << 20,
+    });
+    try {
+      seen.length = 0;
+      for (let i = 0; i < 3; i++) {
+        const answer = await upstream.forward({ payload, parse: (status, body) => `${status}:${body}` });
+        expect(answer.parsed, path).toBe('200:{"jsonrpc":"2.0","id":7,"result":"0x2a"}');
+      }
+      // Each answer read to its end: the connection went back to the agent for the next call.
+      expect(new Set(seen.map((s) => s.socket)).size, path).toBe(1);
+    } finally {
+      upstream.close();
+    }
   }
 });
