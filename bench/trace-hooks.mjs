@@ -6,6 +6,8 @@
  *   channels);
  * - `sql <statement>` and `sql done`: each SQLite statement run on the server's own connection (its prepared
  *   statements, wrapped), with its verb and table: `sql begin immediate`, `sql insert ledger_entries`, `sql commit`;
+ * - `http.request` and `http.request done`: around the call that makes a request to an upstream (its options,
+ *   headers and the agent's socket);
  * - `upstream` and `upstream answer`: a request to an upstream (JSON-RPC node, chat provider) sent (its headers
  *   flushed to the socket), and its answer's headers read, just before its `response` event (`http.client.*`
  *   channels);
@@ -18,7 +20,8 @@
  */
 import dc from 'node:diagnostics_channel';
 import { writeFileSync } from 'node:fs';
-import { ServerResponse } from 'node:http';
+import http, { ServerResponse } from 'node:http';
+import https from 'node:https';
 import { createRequire } from 'node:module';
 import { PerformanceObserver, performance } from 'node:perf_hooks';
 
@@ -48,6 +51,20 @@ dc.subscribe('http.server.request.start', () => mark('req'));
 dc.subscribe('http.server.response.finish', () => mark('finish'));
 dc.subscribe('http.client.request.start', () => mark('upstream'));
 dc.subscribe('http.client.response.finish', () => mark('upstream answer'));
+
+// `http.request` itself (the upstream call's request object made: options, headers, the agent's socket), from
+// before it is called to its return; the server's modules take the wrapped function, being loaded after this.
+for (const module of [http, https]) {
+  const { request } = module;
+  module.request = function (...args) {
+    mark('http.request');
+    try {
+      return Reflect.apply(request, this, args);
+    } finally {
+      mark('http.request done');
+    }
+  };
+}
 
 const { writeHead, end } = ServerResponse.prototype;
 ServerResponse.prototype.writeHead = function (...args) {
