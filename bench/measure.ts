@@ -88,7 +88,8 @@ export async function probe(target: Target): Promise<string> {
 
 export type Latency = { p50Us: number; p99Us: number; count: number };
 
-function percentile(sorted: number[], p: number): number {
+/** The `p`th percentile (0 to 100) of values sorted ascending; NaN for none. */
+export function percentile(sorted: number[], p: number): number {
   if (sorted.length === 0) return Number.NaN;
   return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))] ?? 0;
 }

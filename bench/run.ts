@@ -13,7 +13,6 @@
  * PostgreSQL, anvil, Prism or throughput rounds), for iterating on memory; the other rows are left empty and
  * the report goes to bench/results/streams.json and streams.md instead.
  */
-import { randomBytes } from 'node:crypto';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
@@ -34,7 +33,7 @@ import {
 } from './measure.ts';
 import { type Child, rssOf, startNodeChild, stopAll, track } from './processes.ts';
 import { type Report, renderMarkdown, renderTable } from './report.ts';
-import { catalogOverride, fundedKey } from './setup.ts';
+import { catalogOverride, chatBody, fundedKey, json, RPC_BODY, serverEnv } from './setup.ts';
 
 const quick = process.argv.includes('--quick') || process.env.BENCH_QUICK === '1';
 const onlyArg = process.argv.indexOf('--only');
@@ -69,39 +68,6 @@ const SERVER = 'server/start.mjs';
 
 const log = (message: string) => process.stderr.write(`[bench] ${message}\n`);
 const scratch = mkdtempSync(join(tmpdir(), 'svc-bench-'));
-
-function serverEnv(databaseUrl: string, catalogPath: string, extra: Record<string, string>) {
-  return {
-    NODE_ENV: 'production',
-    LOG_LEVEL: 'warn',
-    DATABASE_URL: databaseUrl,
-    ADMIN_API_KEY: `svc_admin_${randomBytes(24).toString('hex')}`,
-    SERVICE_CONFIG: catalogPath,
-    LOCAL_CHAT_TOKEN_DELAY_MS: '0',
-    VIDEO_WORKER_ENABLED: 'false',
-    RPC_REQUESTS_PER_MINUTE: '1000000000',
-    RPC_STAFF_REQUESTS_PER_MINUTE: '1000000000',
-    RPC_CREDITS_PER_DAY: '1000000000000',
-    ...extra,
-  };
-}
-
-const chatBody = (
-  model: string,
-  stream: boolean,
-  maxTokens: number,
-  prompt = 'Say hello to the benchmark.',
-) =>
-  JSON.stringify({
-    model,
-    messages: [{ role: 'user', content: prompt }],
-    max_tokens: maxTokens,
-    ...(stream ? { stream: true } : {}),
-  });
-const json = (key?: string) => ({
-  'content-type': 'application/json',
-  ...(key ? { authorization: `Bearer ${key}` } : {}),
-});
 
 async function main(): Promise<Report> {
   log(`settings: ${JSON.stringify(settings)}`);
@@ -164,7 +130,6 @@ async function main(): Promise<Report> {
   );
 
   const api = (server: Child) => `${server.origin}/api/v1`;
-  const rpcBody = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'eth_blockNumber', params: [] });
   const throughputTargets: Array<{ id: string; label: string; target: Target; child: Child | number }> = [
     {
       id: 'ceiling',
@@ -240,7 +205,7 @@ async function main(): Promise<Report> {
         url: `${api(onSqlite)}/crypto/rpc/base-mainnet`,
         method: 'POST',
         headers: json(sqliteKey),
-        body: rpcBody,
+        body: RPC_BODY,
       },
       child: onSqlite,
     },
@@ -251,14 +216,14 @@ async function main(): Promise<Report> {
         url: `${api(onPostgres)}/crypto/rpc/base-mainnet`,
         method: 'POST',
         headers: json(postgresKey),
-        body: rpcBody,
+        body: RPC_BODY,
       },
       child: onPostgres,
     },
     {
       id: 'rpcDirect',
       label: 'anvil directly (eth_blockNumber)',
-      target: { url: anvil.url, method: 'POST', headers: json(), body: rpcBody },
+      target: { url: anvil.url, method: 'POST', headers: json(), body: RPC_BODY },
       child: anvil.pid,
     },
     {
@@ -291,7 +256,7 @@ async function main(): Promise<Report> {
   const latencyOnly: Array<{ id: string; target: Target }> = [
     {
       id: 'floorRpc',
-      target: { url: `${floor.origin}/rpc`, method: 'POST', headers: json(), body: rpcBody },
+      target: { url: `${floor.origin}/rpc`, method: 'POST', headers: json(), body: RPC_BODY },
     },
     {
       id: 'floorUpstream',
@@ -304,7 +269,7 @@ async function main(): Promise<Report> {
     },
     {
       id: 'bareProxy',
-      target: { url: `${floor.origin}/proxy`, method: 'POST', headers: json(), body: rpcBody },
+      target: { url: `${floor.origin}/proxy`, method: 'POST', headers: json(), body: RPC_BODY },
     },
   ];
   const everyTarget = [...throughputTargets, ...latencyOnly];

@@ -3,6 +3,7 @@
  * with its rate limits and concurrency cap out of the way, and a model served by the local upstream) and a
  * funded account with an INFERENCE key, written through the storage API.
  */
+import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parse, stringify } from 'yaml';
@@ -69,3 +70,47 @@ export async function fundedKey(databaseUrl: string, limitUsdNano?: bigint): Pro
     await database.close();
   }
 }
+
+/**
+ * The server's environment in the harness and its tools: production settings on `databaseUrl` with the
+ * catalogue at `catalogPath`, the local engine without token delay, the JSON-RPC caps out of the way; `extra`
+ * adds to or overrides it.
+ */
+export function serverEnv(databaseUrl: string, catalogPath: string, extra: Record<string, string> = {}) {
+  return {
+    NODE_ENV: 'production',
+    LOG_LEVEL: 'warn',
+    DATABASE_URL: databaseUrl,
+    ADMIN_API_KEY: `svc_admin_${randomBytes(24).toString('hex')}`,
+    SERVICE_CONFIG: catalogPath,
+    LOCAL_CHAT_TOKEN_DELAY_MS: '0',
+    VIDEO_WORKER_ENABLED: 'false',
+    RPC_REQUESTS_PER_MINUTE: '1000000000',
+    RPC_STAFF_REQUESTS_PER_MINUTE: '1000000000',
+    RPC_CREDITS_PER_DAY: '1000000000000',
+    ...extra,
+  };
+}
+
+/** A chat completion request's body: one user message, `maxTokens` at most, streamed or not. */
+export const chatBody = (
+  model: string,
+  stream: boolean,
+  maxTokens: number,
+  prompt = 'Say hello to the benchmark.',
+) =>
+  JSON.stringify({
+    model,
+    messages: [{ role: 'user', content: prompt }],
+    max_tokens: maxTokens,
+    ...(stream ? { stream: true } : {}),
+  });
+
+/** The JSON-RPC call every RPC target is measured with. */
+export const RPC_BODY = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'eth_blockNumber', params: [] });
+
+/** JSON request headers, with the key as a bearer token when given. */
+export const json = (key?: string) => ({
+  'content-type': 'application/json',
+  ...(key ? { authorization: `Bearer ${key}` } : {}),
+});

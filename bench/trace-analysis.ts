@@ -4,6 +4,7 @@
  * time, and how long the server stayed busy after each answer (what the next request, arriving meanwhile,
  * waits for).
  */
+import { percentile } from './measure.ts';
 
 /** What the hooks write on SIGUSR2: stamps (label id, time in ms) and garbage collections. */
 export type TraceDump = {
@@ -48,11 +49,12 @@ export type TraceAnalysis = {
   gcs: { scavenges: number; markCompacts: number; scavengeP50Ms: number };
 };
 
-function quantile(values: number[], q: number): number {
-  if (values.length === 0) return Number.NaN;
-  const sorted = [...values].sort((a, b) => a - b);
-  return sorted[Math.min(sorted.length - 1, Math.floor(sorted.length * q))] as number;
-}
+/** The `q` quantile (0 to 1) of `values`, as the harness reads its percentiles (measure.ts). */
+const quantile = (values: number[], q: number) =>
+  percentile(
+    [...values].sort((a, b) => a - b),
+    q * 100,
+  );
 
 /** The stamps of each request, split where a request arrives (`req`); stamps before the first are dropped. */
 export function requestsOf(dump: TraceDump): Stamp[][] {

@@ -2,11 +2,11 @@
  * The traced server of `npm run bench:trace` (and of its test): the server as `npm start` runs it, with
  * bench/trace-hooks.mjs preloaded, and the stamps it keeps read back on demand.
  */
-import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { repoRoot } from '../test/support/contract.ts';
 import { type Child, startNodeChild } from './processes.ts';
+import { serverEnv } from './setup.ts';
 import type { TraceDump } from './trace-analysis.ts';
 
 export type TracedServer = Child & {
@@ -15,9 +15,8 @@ export type TracedServer = Child & {
 };
 
 /**
- * Starts the server on `databaseUrl` with the catalogue at `catalogPath` (production settings, the local
- * engine without token delay, limits out of the way as the harness sets them), writing its stamps to
- * `dumpFile`; `env` adds to or overrides its environment.
+ * Starts the server on `databaseUrl` with the catalogue at `catalogPath` as the harness starts it (setup.ts,
+ * `serverEnv`), writing its stamps to `dumpFile`; `env` adds to its environment.
  */
 export async function startTracedServer(input: {
   databaseUrl: string;
@@ -29,19 +28,7 @@ export async function startTracedServer(input: {
   const server = await startNodeChild(
     'server (traced)',
     'server/start.mjs',
-    {
-      NODE_ENV: 'production',
-      LOG_LEVEL: 'warn',
-      DATABASE_URL: input.databaseUrl,
-      ADMIN_API_KEY: `svc_admin_${randomBytes(24).toString('hex')}`,
-      SERVICE_CONFIG: input.catalogPath,
-      LOCAL_CHAT_TOKEN_DELAY_MS: '0',
-      VIDEO_WORKER_ENABLED: 'false',
-      RPC_REQUESTS_PER_MINUTE: '1000000000',
-      RPC_CREDITS_PER_DAY: '1000000000000',
-      ...input.env,
-      TRACE_OUT: dumpFile,
-    },
+    serverEnv(input.databaseUrl, input.catalogPath, { ...input.env, TRACE_OUT: dumpFile }),
     '/healthz',
     ['--import', join(repoRoot, 'bench', 'trace-hooks.mjs')],
   );

@@ -15,7 +15,7 @@ import { join } from 'node:path';
 import { startAnvil } from '../test/support/anvil.ts';
 import { latency, type Target } from './measure.ts';
 import { startNodeChild, stopAll, track } from './processes.ts';
-import { catalogOverride, fundedKey } from './setup.ts';
+import { catalogOverride, chatBody, fundedKey, json, RPC_BODY } from './setup.ts';
 import { analyseTrace, renderTrace } from './trace-analysis.ts';
 import { startTracedServer } from './trace-server.ts';
 
@@ -47,46 +47,34 @@ try {
     dumpFile: join(scratch, 'trace.json'),
     env: anvil ? { RPC_UPSTREAM_BASE_MAINNET: anvil.url } : {},
   });
-  const headers = (secret?: string) => ({
-    'content-type': 'application/json',
-    ...(secret ? { authorization: `Bearer ${secret}` } : {}),
-  });
-  const chat = (model: string, stream: boolean) =>
-    JSON.stringify({
-      model,
-      messages: [{ role: 'user', content: 'Say hello to the benchmark.' }],
-      max_tokens: 16,
-      ...(stream ? { stream: true } : {}),
-    });
-  const rpcBody = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'eth_blockNumber', params: [] });
   const api = `${server.origin}/api/v1`;
   const [traced, direct]: [Target, Target | undefined] =
     kind === 'rpc'
       ? [
-          { url: `${api}/crypto/rpc/base-mainnet`, method: 'POST', headers: headers(key), body: rpcBody },
-          { url: anvil?.url ?? '', method: 'POST', headers: headers(), body: rpcBody },
+          { url: `${api}/crypto/rpc/base-mainnet`, method: 'POST', headers: json(key), body: RPC_BODY },
+          { url: anvil?.url ?? '', method: 'POST', headers: json(), body: RPC_BODY },
         ]
       : kind === 'upstream'
         ? [
             {
               url: `${api}/chat/completions`,
               method: 'POST',
-              headers: headers(key),
-              body: chat('bench-upstream', true),
+              headers: json(key),
+              body: chatBody('bench-upstream', true, 16),
             },
             {
               url: `${upstream?.origin}/v1/chat/completions`,
               method: 'POST',
-              headers: headers(),
-              body: chat('bench-upstream', true),
+              headers: json(),
+              body: chatBody('bench-upstream', true, 16),
             },
           ]
         : [
             {
               url: `${api}/chat/completions`,
               method: 'POST',
-              headers: headers(key),
-              body: chat('llama-3.3-70b', false),
+              headers: json(key),
+              body: chatBody('llama-3.3-70b', false, 16),
             },
             undefined,
           ];

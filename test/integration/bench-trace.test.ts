@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { afterAll, expect, test } from 'vitest';
 import { latency } from '../../bench/measure.ts';
 import { stopAll } from '../../bench/processes.ts';
-import { catalogOverride, fundedKey } from '../../bench/setup.ts';
+import { catalogOverride, chatBody, fundedKey, json } from '../../bench/setup.ts';
 import { analyseTrace, requestsOf } from '../../bench/trace-analysis.ts';
 import { startTracedServer } from '../../bench/trace-server.ts';
 
@@ -30,12 +30,8 @@ test('the hooks stamp each request of the real server: arrival, statements, answ
     {
       url: `${server.origin}/api/v1/chat/completions`,
       method: 'POST',
-      headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
-      body: JSON.stringify({
-        model: 'llama-3.3-70b',
-        messages: [{ role: 'user', content: 'Hi' }],
-        max_tokens: 4,
-      }),
+      headers: json(key),
+      body: chatBody('llama-3.3-70b', false, 4, 'Hi'),
     },
     12,
     // The stamps of the warm-up (and of the start) are dropped: the dump after it starts afresh.

@@ -6,6 +6,7 @@
 import http from 'node:http';
 import https from 'node:https';
 import type { UpstreamEndpoint } from '../../domains/rpc/networks.ts';
+import { wholeBody } from '../../http/whole-body.ts';
 import { extend } from '../../objects.ts';
 import { type ForwardInput, type ForwardResult, type RpcUpstream, UpstreamError } from './port.ts';
 
@@ -92,14 +93,12 @@ function attempt(node: Node, payload: Buffer, maxBytes: number, signal?: AbortSi
       const declared = Number(res.headers['content-length']);
       if (declared > maxBytes) return fail('too_large');
       res.on('error', (error) => fail('unreachable', error));
-      // Node parses an answer's body in the same call as its head, after this event: a microtask later a small
-      // answer is usually whole in the buffer, and is taken at once (its `end` follows, which frees the
-      // connection) instead of through the stream's events, a turn each for resume, data and end (fifteenth
-      // round of bench/HISTORY.md: the JSON-RPC proxy's added p50 7 to 12 µs lower).
+      // A microtask later, a small answer is usually whole in the buffer (whole-body.ts).
       queueMicrotask(() => {
         if (settled) return;
-        if (declared > 0 && res.complete && res.readableLength === declared) {
-          finish({ ok: true, status: res.statusCode ?? 0, body: res.read() as Buffer });
+        const whole = wholeBody(res, declared);
+        if (whole) {
+          finish({ ok: true, status: res.statusCode ?? 0, body: whole });
           return;
         }
         const chunks: Buffer[] = [];
