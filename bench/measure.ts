@@ -103,22 +103,57 @@ export async function latency(
   count: number,
   options: { warmup?: number; afterWarmup?: () => Promise<void> } = {},
 ): Promise<Latency> {
-  const agent = new Agent({ keepAlive: true, maxSockets: 1 });
+  const [result] = await latencies([target], count, options);
+  if (!result) throw new Error('no latency measured');
+  return result;
+}
+
+/**
+ * `latency` of several targets measured together, taking turns (A B C A B C …) so that what the machine does
+ * meanwhile (another process's burst, a compile in the background, a late flush) weighs on each of them alike,
+ * as the issue's "interleaved (A B A B)" asks: one keep-alive connection each, one request at a time, `block`
+ * requests (100 unless told) per turn. The first request of a turn is not counted: it follows another
+ * target's requests, whose process may still be finishing the last one's work (a proxy's capture after its
+ * answer), and that overlap would favour the target whose turn ends. One target runs its `count` requests in a
+ * single turn. Each target is warmed up on its own connection first (`warmup`), then `afterWarmup` runs.
+ */
+export async function latencies(
+  targets: readonly Target[],
+  count: number,
+  options: { warmup?: number; block?: number; afterWarmup?: () => Promise<void> } = {},
+): Promise<Latency[]> {
+  const agents = targets.map(() => new Agent({ keepAlive: true, maxSockets: 1 }));
+  const check = (target: Target, status: number) => {
+    if (status < 200 || status >= 300) throw new Error(`${target.url} answered ${status}`);
+  };
   try {
     const warmup = options.warmup ?? Math.min(50, count);
-    for (let i = 0; i < warmup; i++) await send(agent, target);
-    await options.afterWarmup?.();
-    const samples: number[] = [];
-    for (let i = 0; i < count; i++) {
-      const start = process.hrtime.bigint();
-      const { status } = await send(agent, target);
-      samples.push(Number(process.hrtime.bigint() - start) / 1000);
-      if (status < 200 || status >= 300) throw new Error(`${target.url} answered ${status}`);
+    for (const [i, target] of targets.entries()) {
+      for (let n = 0; n < warmup; n++) await send(agents[i] as Agent, target);
     }
-    samples.sort((a, b) => a - b);
-    return { p50Us: percentile(samples, 50), p99Us: percentile(samples, 99), count };
+    await options.afterWarmup?.();
+    const block = targets.length === 1 ? count : Math.max(1, options.block ?? 100);
+    const samples = targets.map((): number[] => []);
+    for (let done = 0; done < count; done += block) {
+      const turn = Math.min(block, count - done);
+      for (const [i, target] of targets.entries()) {
+        const agent = agents[i] as Agent;
+        const own = samples[i] as number[];
+        if (targets.length > 1) check(target, (await send(agent, target)).status);
+        for (let n = 0; n < turn; n++) {
+          const start = process.hrtime.bigint();
+          const { status } = await send(agent, target);
+          own.push(Number(process.hrtime.bigint() - start) / 1000);
+          check(target, status);
+        }
+      }
+    }
+    return samples.map((own) => {
+      own.sort((a, b) => a - b);
+      return { p50Us: percentile(own, 50), p99Us: percentile(own, 99), count: own.length };
+    });
   } finally {
-    agent.destroy();
+    for (const agent of agents) agent.destroy();
   }
 }
 

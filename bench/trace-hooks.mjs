@@ -19,7 +19,7 @@
  * it after its warm-up and after its measurement). Nothing is written otherwise.
  */
 import dc from 'node:diagnostics_channel';
-import { writeFileSync } from 'node:fs';
+import { renameSync, writeFileSync } from 'node:fs';
 import http, { ServerResponse } from 'node:http';
 import https from 'node:https';
 import { createRequire } from 'node:module';
@@ -126,8 +126,10 @@ new PerformanceObserver((list) => {
 process.on('SIGUSR2', () => {
   const out = process.env.TRACE_OUT;
   if (out) {
+    // Written aside and renamed into place: the reader, which waits for the file to exist, never sees it
+    // half written (a large dump takes several writes).
     writeFileSync(
-      out,
+      `${out}.partial`,
       JSON.stringify({
         labels,
         ids: Array.from(ids.subarray(0, count)),
@@ -135,6 +137,7 @@ process.on('SIGUSR2', () => {
         gcs: gcs.splice(0),
       }),
     );
+    renameSync(`${out}.partial`, out);
   }
   count = 0;
 });

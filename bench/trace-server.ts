@@ -36,7 +36,7 @@ export async function startTracedServer(input: {
     async dump(): Promise<TraceDump> {
       rmSync(dumpFile, { force: true });
       process.kill(server.pid, 'SIGUSR2');
-      // The hooks write the file in one synchronous call: once it is there, it is whole.
+      // The hooks write the file aside and rename it into place: once it is there, it is whole.
       for (let i = 0; i < 200 && !existsSync(dumpFile); i++) await new Promise((r) => setTimeout(r, 25));
       return JSON.parse(readFileSync(dumpFile, 'utf8')) as TraceDump;
     },
