@@ -2,13 +2,15 @@
  * `npm run bench`: the performance harness. Starts, on loopback only, a bare `node:http` JSON server (the
  * ceiling), this server on SQLite and on PostgreSQL (separate processes, production settings), the Prism mock,
  * anvil, a minimal OpenAI-compatible upstream and a streaming instance; then measures them interleaved
- * (round 1: A B C …, round 2: A B C …; the one-at-a-time targets of a proxy path in turns of 100 requests
- * within a round) so that a noisy machine affects every target alike, and reports the medians and the ratios against the targets of the performance issue. Writes bench/results/latest.json and
+ * (round 1: A B C …, round 2: A B C …; within a round, the one-at-a-time targets of a proxy path in turns of
+ * BENCH_LATENCY_TURN requests) so that a noisy machine affects every target alike, and reports the medians
+ * and the ratios against the targets of the performance issue. Writes bench/results/latest.json and
  * latest.md. Every process it starts is stopped by its pid, also when a step fails or on Ctrl-C.
  *
  * Knobs: `--quick` (or BENCH_QUICK=1): 2 rounds of 2 s, 500 streams; BENCH_DURATION (seconds per
  * throughput run, default 4), BENCH_ROUNDS (default 3), BENCH_CONNECTIONS (default 16), BENCH_STREAMS
- * (default 1000), BENCH_LATENCY_COUNT (sequential requests per latency run, default 2000: a p99 from 20 samples above it, not 4).
+ * (default 1000), BENCH_LATENCY_COUNT (sequential requests per latency run, default 2000: a p99 from 20
+ * samples above it, not 4), BENCH_LATENCY_TURN (requests per turn of the one-at-a-time targets, default 100).
  * `--only streams` (or BENCH_ONLY=streams): only the streams part (the streaming server and its RSS, no
  * PostgreSQL, anvil, Prism or throughput rounds), for iterating on memory; the other rows are left empty and
  * the report goes to bench/results/streams.json and streams.md instead.
@@ -54,6 +56,7 @@ const settings = {
   connections: int('BENCH_CONNECTIONS', 16),
   streams: int('BENCH_STREAMS', quick ? 500 : 1000),
   latencyCount: int('BENCH_LATENCY_COUNT', quick ? 1000 : 2000),
+  latencyTurn: int('BENCH_LATENCY_TURN', 100),
 };
 
 /**
@@ -309,7 +312,7 @@ async function main(): Promise<Report> {
         if (!target) throw new Error(`no target ${id}`);
         return target;
       });
-      const results = await latencies(targets, settings.latencyCount);
+      const results = await latencies(targets, settings.latencyCount, { block: settings.latencyTurn });
       for (const [i, id] of ids.entries()) {
         const result = results[i];
         if (!result) continue;
