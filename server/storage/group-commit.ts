@@ -17,6 +17,13 @@
  * load: a transaction's statements all run in microtasks (better-sqlite3 is synchronous), so it is committed
  * before the next request's callback can ask for one. The wait is one turn of the event loop.
  *
+ * An `eager` transaction (one a request waits on before its work, such as its reservation) skips that wait
+ * when no group of more than one transaction has run for QUIET_MS: with nobody else writing, the turn would
+ * group it with nothing, and a lone client would wait it on every request (about 15 µs on the path,
+ * bench/HISTORY.md, sixteenth round). Whether others write is read from the groups themselves, not from a
+ * count of requests in flight: under load a request is usually the only one in flight when it reserves (the
+ * others of its poll phase are not parsed yet), while the captures answered together keep sharing groups.
+ *
  * With nothing waiting, a transaction is exactly BEGIN IMMEDIATE, its statements, COMMIT: no savepoint is
  * opened for the first function of a group. PostgreSQL does not need this (a pool of connections commits in
  * parallel) and does not use it.
@@ -28,7 +35,8 @@
  * V8 gives a hidden class of their own in its old generation (bench/HISTORY.md, thirteenth and fourteenth
  * rounds). Outside a group the object's statements are refused, as Kysely refuses a finished transaction's.
  */
-// From node:timers, not the global: fake timers in tests replace the global setImmediate, not this one.
+// From node:perf_hooks and node:timers, not the globals: fake timers in tests replace the globals.
+import { performance } from 'node:perf_hooks';
 import { setImmediate } from 'node:timers';
 import type {
   Compilable,
@@ -40,7 +48,25 @@ import type {
   Transaction,
 } from 'kysely';
 
-export type TransactionRunner<DB> = <T>(fn: (trx: Transaction<DB>) => Promise<T>) => Promise<T>;
+/** How a transaction is asked for. */
+export type TransactionOptions = {
+  /**
+   * Its caller waits on it before the work it was asked for can go on (a request's reservation). On SQLite it
+   * starts at once when the groups have been quiet (see above); PostgreSQL has no wait to skip.
+   */
+  eager?: boolean;
+};
+
+export type TransactionRunner<DB> = <T>(
+  fn: (trx: Transaction<DB>) => Promise<T>,
+  options?: TransactionOptions,
+) => Promise<T>;
+
+/** Asked for by a request that waits on it: `eager` (TransactionOptions). */
+export const EAGER: TransactionOptions = Object.freeze({ eager: true });
+
+/** For how long after a group of more than one transaction the eager ones still wait their turn (ms). */
+export const QUIET_MS = 50;
 
 /** The group-committing runner, and whether a group is scheduled or running (a write asked for now joins one). */
 export type GroupCommitting<DB> = { transaction: TransactionRunner<DB>; busy(): boolean };
@@ -150,6 +176,8 @@ export function groupCommitting<DB>(
   let shared: ReturnType<typeof groupsTransaction<DB>> | undefined;
   const queue: Waiting<DB>[] = [];
   let draining = false;
+  // Until when the eager transactions still wait their turn: QUIET_MS after the last shared group.
+  let sharedUntil = 0;
 
   /** Runs `next` in a savepoint of the open transaction; its result, or undefined when it failed (undone). */
   async function inSavepoint(trx: Transaction<DB>, next: Waiting<DB>, name: string) {
@@ -182,6 +210,8 @@ export function groupCommitting<DB>(
     const first = queue.shift() as Waiting<DB>;
     const done: Done<DB>[] = [];
     let began = false;
+    // How many functions this group ran: more than one, and the eager transactions wait their turn a while.
+    let members = 1;
     try {
       await executor.provideConnection(async (connection) => {
         shared ??= groupsTransaction(reusable, direct && directRunner(direct).executeQuery);
@@ -199,6 +229,7 @@ export function groupCommitting<DB>(
             throw error;
           }
           while (queue.length > 0 && done.length < maxGroup) {
+            members++;
             const item = await inSavepoint(group.trx, queue.shift() as Waiting<DB>, `group_${done.length}`);
             if (item) done.push(item);
           }
@@ -212,6 +243,7 @@ export function groupCommitting<DB>(
           throw error;
         } finally {
           group.connection = undefined;
+          if (members > 1) sharedUntil = performance.now() + QUIET_MS;
         }
       });
     } catch (error) {
@@ -242,12 +274,13 @@ export function groupCommitting<DB>(
     void drain();
   };
   return {
-    transaction: <T>(fn: (trx: Transaction<DB>) => Promise<T>) =>
+    transaction: <T>(fn: (trx: Transaction<DB>) => Promise<T>, options?: TransactionOptions) =>
       new Promise<T>((resolve, reject) => {
         queue.push({ fn, resolve: resolve as (value: unknown) => void, reject });
         if (draining || scheduled) return;
         scheduled = true;
-        setImmediate(start);
+        if (options?.eager && performance.now() >= sharedUntil) queueMicrotask(start);
+        else setImmediate(start);
       }),
     busy: () => draining || scheduled,
   };

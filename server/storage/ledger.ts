@@ -38,6 +38,7 @@ import {
   type ReservationStatus,
   StorageError,
 } from './errors.ts';
+import { EAGER } from './group-commit.ts';
 import {
   assertAmount,
   compiledOnce,
@@ -1264,7 +1265,8 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
 
   /**
    * The reservation transaction of `reserve` and `reserveWith`: the account row locked first, then the
-   * caller's `within` (if any), then the checks and the hold.
+   * caller's `within` (if any), then the checks and the hold. Eager (group-commit.ts): the request waits on
+   * it before its work.
    */
   async function reserveIn<T>(
     input: ReserveInput,
@@ -1349,7 +1351,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
       await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
       return { reservation, before: balanceBefore(balance), within: extra };
-    });
+    }, EAGER);
   }
 
   const ledger = {

@@ -6,6 +6,7 @@
  */
 import type { Database } from './database.ts';
 import { NotFoundError } from './errors.ts';
+import { EAGER } from './group-commit.ts';
 import { type RepositoryOptions, resolveOptions, toNumber } from './internal.ts';
 
 export type WalletSlotsRepository = ReturnType<typeof createWalletSlots>;
@@ -17,6 +18,7 @@ export function createWalletSlots(database: Database, options: RepositoryOptions
     /** Takes a slot; returns its id, or `undefined` when `max` slots are already live. */
     async acquire(input: { accountId: string; max: number; leaseMs: number }): Promise<string | undefined> {
       const at = now();
+      // Eager (group-commit.ts): the request waits on its slot before its work.
       return database.transaction(async (trx) => {
         let lock = trx.selectFrom('accounts').select('id').where('id', '=', input.accountId);
         if (dialect === 'postgres') lock = lock.forUpdate();
@@ -34,7 +36,7 @@ export function createWalletSlots(database: Database, options: RepositoryOptions
           .values({ id, account_id: input.accountId, expires_at_ms: at + input.leaseMs })
           .execute();
         return id;
-      });
+      }, EAGER);
     },
 
     /** Frees a slot (idempotent). */

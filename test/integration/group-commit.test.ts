@@ -10,7 +10,7 @@ import Sqlite from 'better-sqlite3';
 import { sql, type Transaction } from 'kysely';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
-import { TransactionEndedError } from '../../server/storage/group-commit.ts';
+import { EAGER, QUIET_MS, TransactionEndedError } from '../../server/storage/group-commit.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'svc-group-commit-'));
 const file = join(scratch, 'db.sqlite');
@@ -40,13 +40,28 @@ const committedLabels = () =>
   (reader.prepare('select label from items order by n').all() as { label: string }[]).map((r) => r.label);
 
 /** A transaction that reads the count and inserts the next number: serial execution numbers them 0..n-1. */
-const appendOne = (label: string) =>
+const appendOne = (label: string, options?: typeof EAGER) =>
   database.transaction(async (trx) => {
     const { rows } = await sql<{ count: bigint }>`select count(*) as count from items`.execute(trx);
     const n = Number(rows[0]?.count ?? 0);
     await sql`insert into items (n, label) values (${n}, ${label})`.execute(trx);
     return n;
-  });
+  }, options);
+
+/** What settles first: `appendOne(label, options)` or a callback queued for the event loop's next check phase. */
+async function beforeTheTurn(label: string, options?: typeof EAGER) {
+  const order: string[] = [];
+  const turn = new Promise<void>((resolve) =>
+    setImmediate(() => {
+      order.push('turn');
+      resolve();
+    }),
+  );
+  await Promise.all([appendOne(label, options).then(() => order.push('committed')), turn]);
+  return order[0];
+}
+
+const quiet = () => new Promise((resolve) => setTimeout(resolve, QUIET_MS + 20));
 
 describe('group commit (SQLite)', () => {
   test('behavior: concurrent transactions run serially, commit in fewer groups, and settle once committed', async () => {
@@ -105,6 +120,63 @@ describe('group commit (SQLite)', () => {
     expect(statements.filter((s) => s === 'commit')).toHaveLength(1);
     expect(statements.filter((s) => s.startsWith('savepoint'))).toHaveLength(1);
     expect(committedLabels()).toEqual(['alone', 'first', 'joined']);
+  });
+
+  test('behavior: an eager transaction starts at once while no group has been shared; a plain one waits its turn', async () => {
+    await quiet();
+    expect(await beforeTheTurn('eager', EAGER)).toBe('committed');
+    expect(await beforeTheTurn('plain')).toBe('turn');
+    expect(await beforeTheTurn('eager again', EAGER)).toBe('committed');
+    // Alone, each is BEGIN IMMEDIATE, its statements, COMMIT.
+    expect(statements.filter((s) => s === 'commit')).toHaveLength(3);
+    expect(statements.filter((s) => s.startsWith('savepoint'))).toHaveLength(0);
+    expect(committedLabels()).toEqual(['eager', 'plain', 'eager again']);
+  });
+
+  test('behavior: after a shared group, eager transactions wait their turn (and group) until the groups have been quiet', async () => {
+    await quiet();
+    // Two callbacks of one turn: one group of two.
+    await new Promise<void>((resolve) => {
+      setTimeout(() => void appendOne('first'), 0);
+      setTimeout(() => void appendOne('second').then(() => resolve()), 0);
+    });
+    expect(await beforeTheTurn('eager, busy', EAGER)).toBe('turn');
+    // Two eager ones asked for by two callbacks of one turn while busy: they still share a group.
+    statements.length = 0;
+    const pending: Promise<number>[] = [];
+    await new Promise<void>((resolve) => {
+      setTimeout(() => pending.push(appendOne('eager 1', EAGER)), 0);
+      setTimeout(() => {
+        pending.push(appendOne('eager 2', EAGER));
+        resolve();
+      }, 0);
+    });
+    expect(await Promise.all(pending)).toEqual([3, 4]);
+    expect(statements.filter((s) => s === 'commit')).toHaveLength(1);
+    await quiet();
+    expect(await beforeTheTurn('eager, quiet', EAGER)).toBe('committed');
+    expect(committedLabels()).toEqual([
+      'first',
+      'second',
+      'eager, busy',
+      'eager 1',
+      'eager 2',
+      'eager, quiet',
+    ]);
+  });
+
+  test('behavior: what is asked for while an eager transaction runs joins its group, in order', async () => {
+    await quiet();
+    const eager = appendOne('eager', EAGER);
+    const plain = appendOne('plain');
+    const write = database.write((runner) =>
+      runner.executeQuery(sql`insert into items (n, label) values (${2}, ${'write'})`.compile(database.db)),
+    );
+    expect(await Promise.all([eager, plain])).toEqual([0, 1]);
+    await write;
+    expect(statements.filter((s) => s === 'begin')).toHaveLength(1);
+    expect(statements.filter((s) => s === 'commit')).toHaveLength(1);
+    expect(committedLabels()).toEqual(['eager', 'plain', 'write']);
   });
 
   test("behavior: compiled statements, run straight on the connection (in a group and alone), answer as Kysely does; a failing one rejects with SQLite's error and is undone alone", async () => {
