@@ -35,6 +35,7 @@ import {
   SAFETY_CHECKPOINT_PAGES,
   startCheckpointer,
 } from '../server/storage/database.ts';
+import { QUIET_MS } from '../server/storage/group-commit.ts';
 
 const env = (name: string) => {
   const value = process.env[name];
@@ -150,18 +151,28 @@ function capture(
     statements.count1.all(`key:${key.id}:model:${billed.model}:TPM`, at - (at % MINUTE), tokens);
 }
 
-/** Write transactions queued in one event-loop turn run as one transaction (the server's group commit). */
+/**
+ * Write transactions queued in one event-loop turn run as one transaction (the server's group commit). As
+ * the server's, an `eager` one (a reservation: the request waits on it) runs at once when no group of more
+ * than one transaction has run for QUIET_MS.
+ */
 const queued: Array<{ write: () => void; done: () => void }> = [];
 const runGroup = db.transaction((writes: typeof queued) => {
   for (const { write } of writes) write();
 });
-function inGroup(write: () => void, done: () => void): void {
+let sharedUntil = 0;
+function flush(writes: typeof queued): void {
+  runGroup.immediate(writes);
+  if (writes.length > 1) sharedUntil = performance.now() + QUIET_MS;
+  for (const { done } of writes) done();
+}
+function inGroup(write: () => void, done: () => void, eager = false): void {
   if (queued.length === 0) {
-    setImmediate(() => {
-      const writes = queued.splice(0);
-      runGroup.immediate(writes);
-      for (const { done } of writes) done();
-    });
+    if (eager && performance.now() >= sharedUntil) {
+      flush([{ write, done }]);
+      return;
+    }
+    setImmediate(() => flush(queued.splice(0)));
   }
   queued.push({ write, done });
 }
@@ -311,6 +322,7 @@ function chat(res: ServerResponse, billed: Billed): void {
   inGroup(
     () => reserve(billed, [`${base}:TPM`, `${base}:RPD`, `${base}:RPM`]),
     () => setImmediate(() => inGroup(charge, answer)),
+    true,
   );
 }
 
@@ -327,6 +339,7 @@ function rpc(res: ServerResponse, billed: Billed, payload: Buffer, failed: () =>
           ),
         failed,
       ),
+    true,
   );
 }
 
@@ -364,6 +377,7 @@ function upstreamChat(res: ServerResponse, billed: Billed, body: ChatBody, faile
         },
         () => (res.headersSent ? res.destroy() : failed()),
       ),
+    true,
   );
 }
 
