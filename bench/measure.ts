@@ -122,38 +122,40 @@ export async function latencies(
   count: number,
   options: { warmup?: number; block?: number; afterWarmup?: () => Promise<void> } = {},
 ): Promise<Latency[]> {
-  const agents = targets.map(() => new Agent({ keepAlive: true, maxSockets: 1 }));
+  // Each target with its own connection and samples.
+  const runs = targets.map((target) => ({
+    target,
+    agent: new Agent({ keepAlive: true, maxSockets: 1 }),
+    samples: [] as number[],
+  }));
   const check = (target: Target, status: number) => {
     if (status < 200 || status >= 300) throw new Error(`${target.url} answered ${status}`);
   };
   try {
     const warmup = options.warmup ?? Math.min(50, count);
-    for (const [i, target] of targets.entries()) {
-      for (let n = 0; n < warmup; n++) await send(agents[i] as Agent, target);
+    for (const { target, agent } of runs) {
+      for (let n = 0; n < warmup; n++) await send(agent, target);
     }
     await options.afterWarmup?.();
-    const block = targets.length === 1 ? count : Math.max(1, options.block ?? 100);
-    const samples = targets.map((): number[] => []);
+    const block = runs.length === 1 ? count : Math.max(1, options.block ?? 100);
     for (let done = 0; done < count; done += block) {
       const turn = Math.min(block, count - done);
-      for (const [i, target] of targets.entries()) {
-        const agent = agents[i] as Agent;
-        const own = samples[i] as number[];
-        if (targets.length > 1) check(target, (await send(agent, target)).status);
+      for (const { target, agent, samples } of runs) {
+        if (runs.length > 1) check(target, (await send(agent, target)).status);
         for (let n = 0; n < turn; n++) {
           const start = process.hrtime.bigint();
           const { status } = await send(agent, target);
-          own.push(Number(process.hrtime.bigint() - start) / 1000);
+          samples.push(Number(process.hrtime.bigint() - start) / 1000);
           check(target, status);
         }
       }
     }
-    return samples.map((own) => {
-      own.sort((a, b) => a - b);
-      return { p50Us: percentile(own, 50), p99Us: percentile(own, 99), count: own.length };
+    return runs.map(({ samples }) => {
+      samples.sort((a, b) => a - b);
+      return { p50Us: percentile(samples, 50), p99Us: percentile(samples, 99), count: samples.length };
     });
   } finally {
-    for (const agent of agents) agent.destroy();
+    for (const { agent } of runs) agent.destroy();
   }
 }
 

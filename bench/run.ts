@@ -290,13 +290,19 @@ async function main(): Promise<Report> {
   }
 
   const runs = new Map<string, Throughput[]>(throughputTargets.map((t) => [t.id, []]));
-  const sequentialRuns = new Map<string, Latency[]>();
   // The one-at-a-time targets in two groups, each measured in turns (measure.ts, `latencies`): the JSON-RPC
   // proxy, its floors and anvil directly; the chat upstream adapter, its floor and the upstream directly.
   const latencyGroups = [
     ['rpcProxy', 'floorRpc', 'bareProxy', 'rpcDirect'],
     ['upstreamProxy', 'floorUpstream', 'upstreamDirect'],
-  ];
+  ].map((ids) =>
+    ids.map((id) => {
+      const target = everyTarget.find((t) => t.id === id)?.target;
+      if (!target) throw new Error(`no target ${id}`);
+      return { id, target };
+    }),
+  );
+  const sequentialRuns = new Map<string, Latency[]>(latencyGroups.flat().map(({ id }) => [id, []]));
   for (let round = 1; round <= settings.rounds; round++) {
     for (const { id, target } of throughputTargets) {
       const result = await throughput(target, settings.durationS, settings.connections);
@@ -306,17 +312,16 @@ async function main(): Promise<Report> {
           (result.failures ? `, ${result.failures} failures` : ''),
       );
     }
-    for (const ids of latencyGroups) {
-      const targets = ids.map((id) => {
-        const target = everyTarget.find((t) => t.id === id)?.target;
-        if (!target) throw new Error(`no target ${id}`);
-        return target;
-      });
-      const results = await latencies(targets, settings.latencyCount, { block: settings.latencyTurn });
-      for (const [i, id] of ids.entries()) {
+    for (const group of latencyGroups) {
+      const results = await latencies(
+        group.map(({ target }) => target),
+        settings.latencyCount,
+        { block: settings.latencyTurn },
+      );
+      for (const [i, { id }] of group.entries()) {
         const result = results[i];
         if (!result) continue;
-        sequentialRuns.set(id, [...(sequentialRuns.get(id) ?? []), result]);
+        sequentialRuns.get(id)?.push(result);
         log(
           `round ${round} ${id} sequential: p50 ${result.p50Us.toFixed(0)} µs, p99 ${result.p99Us.toFixed(0)} µs`,
         );
