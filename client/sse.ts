@@ -28,14 +28,35 @@ export async function* readerChunks(stream: ReadableStream<Uint8Array>): AsyncGe
 
 /** readSseEvents over any source of byte chunks (a Node stream, an async generator). */
 export async function* readSseChunks(chunks: AsyncIterable<Uint8Array>): AsyncGenerator<SseEvent> {
+  const parser = createSseParser();
+  for await (const value of chunks) yield* parser.push(value);
+  yield* parser.end();
+}
+
+/**
+ * An event stream read chunk by chunk by a caller that holds the chunks itself: `push` gives the events a chunk
+ * completes, `end` those the stream's end completes (a last line ended by a lone CR). No promise per event, as
+ * an async generator makes: a server that forwards a stream handles a chunk's events in one go. Each call's
+ * events are read before the next call.
+ */
+export type SseParser = {
+  push(chunk: Uint8Array): Iterable<SseEvent>;
+  end(): Iterable<SseEvent>;
+};
+
+export function createSseParser(): SseParser {
   const decoder = new TextDecoder();
   const state: SseState = { buffer: '', data: [], event: '', id: undefined };
-  for await (const value of chunks) {
-    state.buffer += decoder.decode(value, { stream: true });
-    yield* dispatch(state, false);
-  }
-  state.buffer += decoder.decode();
-  yield* dispatch(state, true);
+  return {
+    push(chunk) {
+      state.buffer += decoder.decode(chunk, { stream: true });
+      return dispatch(state, false);
+    },
+    end() {
+      state.buffer += decoder.decode();
+      return dispatch(state, true);
+    },
+  };
 }
 
 /** What an event stream's reader carries between chunks: the text not yet cut into lines, the event so far. */

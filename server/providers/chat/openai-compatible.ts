@@ -6,7 +6,7 @@
  * stream that ends without `[DONE]` is a failure, never a clean end. HTTP failures map to the provider error
  * kinds (429/503 capacity, 408/504 timeout, 400/404/422 the upstream's refusal, the rest failed).
  */
-import { readSseChunks } from '../../../client/sse.ts';
+import { createSseParser, type SseEvent } from '../../../client/sse.ts';
 import { redactSecret, redactUrl, type UpstreamAdapterOptions, upstreamError } from '../http.ts';
 import {
   fetchPost,
@@ -45,24 +45,6 @@ type UpstreamChunk = {
   } | null;
   error?: { message?: string; code?: string | null; type?: string };
 };
-
-/**
- * The chunks of an answer's body, failing with `over()` past `maxBytes`. At module level: a generator function
- * made per answer gets an initial map of its own, kept by V8 in the old generation and pointing back at the
- * function and the answer's scope, which then outlives every scavenge (HISTORY.md, thirteenth round).
- */
-async function* capped(
-  chunks: AsyncIterable<Uint8Array>,
-  maxBytes: number,
-  over: () => Error,
-): AsyncGenerator<Uint8Array> {
-  let bytes = 0;
-  for await (const chunk of chunks) {
-    bytes += chunk.byteLength;
-    if (bytes > maxBytes) throw over();
-    yield chunk;
-  }
-}
 
 export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions): ChatProvider {
   const post = options.fetch ? fetchPost(options.fetch) : nodePost;
@@ -180,82 +162,96 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
         }
         if (!(response.header('content-type') ?? '').includes('text/event-stream'))
           throw fail('failed', `Upstream ${options.name} did not answer with an event stream`);
-        const chunks = capped(response.body, maxBytes, () =>
-          fail('failed', `Upstream ${options.name} answer exceeds ${maxBytes} bytes`),
-        );
-        const events = readSseChunks(chunks)[Symbol.asyncIterator]();
-        for (;;) {
+        // The body's chunks read here, and each chunk's events handled in one go (createSseParser): no
+        // generator between the socket and this loop, so no promise per event before the one the caller awaits.
+        const parser = createSseParser();
+        const reader = response.body[Symbol.asyncIterator]();
+        let bytes = 0;
+        reading: for (;;) {
           arm();
-          let next: IteratorResult<{ data: string }>;
+          let read: IteratorResult<Uint8Array>;
           try {
-            next = await events.next();
+            read = await reader.next();
           } catch (error) {
             throw translate(error);
           }
-          if (next.done) break;
-          const data = next.value.data;
-          if (data === '[DONE]') {
-            done = true;
-            break;
+          let events: Iterable<SseEvent>;
+          if (read.done) events = parser.end();
+          else {
+            bytes += read.value.byteLength;
+            if (bytes > maxBytes)
+              throw fail('failed', `Upstream ${options.name} answer exceeds ${maxBytes} bytes`);
+            events = parser.push(read.value);
           }
-          let chunk: UpstreamChunk;
-          try {
-            chunk = JSON.parse(data) as UpstreamChunk;
-          } catch (error) {
-            throw fail('failed', `Upstream ${options.name} sent an event that is not JSON`, { cause: error });
-          }
-          if (chunk.error) {
-            const code = chunk.error.code ?? '';
-            throw fail(
-              /overload|capacity|rate/.test(code) ? 'capacity' : 'failed',
-              `Upstream ${options.name}: ${chunk.error.message ?? 'error in stream'}`,
-            );
-          }
-          if (chunk.usage) {
-            const u = chunk.usage;
-            usage = {
-              type: 'usage',
-              usage: {
-                promptTokens: u.prompt_tokens ?? 0,
-                completionTokens: u.completion_tokens ?? 0,
-                reasoningTokens: u.completion_tokens_details?.reasoning_tokens ?? 0,
-                cachedTokens: u.prompt_tokens_details?.cached_tokens ?? 0,
-                cacheCreationTokens: u.prompt_tokens_details?.cache_creation_input_tokens ?? 0,
-              },
-            };
-          }
-          if (chunk.choices !== undefined && !Array.isArray(chunk.choices))
-            throw fail('failed', `Upstream ${options.name} sent a malformed chunk`);
-          for (const choice of chunk.choices ?? []) {
-            const index = Number.isInteger(choice.index) ? (choice.index as number) : 0;
-            const delta = choice.delta ?? {};
-            const event: ChatEvent = { type: 'delta', index };
-            if (typeof delta.content === 'string') event.content = delta.content;
-            if (typeof delta.reasoning_content === 'string') event.reasoning = delta.reasoning_content;
-            if (Array.isArray(delta.tool_calls) && delta.tool_calls.length > 0)
-              event.toolCalls = delta.tool_calls;
-            if (Array.isArray(choice.logprobs?.content)) event.logprobs = choice.logprobs.content;
-            text +=
-              (event.content ?? '') +
-              (event.reasoning ?? '') +
-              (event.toolCalls ?? [])
-                .map((t) => `${t.function?.name ?? ''}${t.function?.arguments ?? ''}`)
-                .join('');
-            if (
-              event.content !== undefined ||
-              event.reasoning !== undefined ||
-              event.toolCalls ||
-              event.logprobs
-            )
-              yield event;
-            if (choice.finish_reason) {
-              const reason = (
-                FINISH.has(choice.finish_reason) ? choice.finish_reason : 'stop'
-              ) as FinishReason;
-              finished.add(index);
-              yield { type: 'finish', index, reason };
+          for (const { data } of events) {
+            // Pushed back at every event too, as the caller may take its time over each.
+            arm();
+            if (data === '[DONE]') {
+              done = true;
+              break reading;
+            }
+            let chunk: UpstreamChunk;
+            try {
+              chunk = JSON.parse(data) as UpstreamChunk;
+            } catch (error) {
+              throw fail('failed', `Upstream ${options.name} sent an event that is not JSON`, {
+                cause: error,
+              });
+            }
+            if (chunk.error) {
+              const code = chunk.error.code ?? '';
+              throw fail(
+                /overload|capacity|rate/.test(code) ? 'capacity' : 'failed',
+                `Upstream ${options.name}: ${chunk.error.message ?? 'error in stream'}`,
+              );
+            }
+            if (chunk.usage) {
+              const u = chunk.usage;
+              usage = {
+                type: 'usage',
+                usage: {
+                  promptTokens: u.prompt_tokens ?? 0,
+                  completionTokens: u.completion_tokens ?? 0,
+                  reasoningTokens: u.completion_tokens_details?.reasoning_tokens ?? 0,
+                  cachedTokens: u.prompt_tokens_details?.cached_tokens ?? 0,
+                  cacheCreationTokens: u.prompt_tokens_details?.cache_creation_input_tokens ?? 0,
+                },
+              };
+            }
+            if (chunk.choices !== undefined && !Array.isArray(chunk.choices))
+              throw fail('failed', `Upstream ${options.name} sent a malformed chunk`);
+            for (const choice of chunk.choices ?? []) {
+              const index = Number.isInteger(choice.index) ? (choice.index as number) : 0;
+              const delta = choice.delta ?? {};
+              const event: ChatEvent = { type: 'delta', index };
+              if (typeof delta.content === 'string') event.content = delta.content;
+              if (typeof delta.reasoning_content === 'string') event.reasoning = delta.reasoning_content;
+              if (Array.isArray(delta.tool_calls) && delta.tool_calls.length > 0)
+                event.toolCalls = delta.tool_calls;
+              if (Array.isArray(choice.logprobs?.content)) event.logprobs = choice.logprobs.content;
+              text +=
+                (event.content ?? '') +
+                (event.reasoning ?? '') +
+                (event.toolCalls ?? [])
+                  .map((t) => `${t.function?.name ?? ''}${t.function?.arguments ?? ''}`)
+                  .join('');
+              if (
+                event.content !== undefined ||
+                event.reasoning !== undefined ||
+                event.toolCalls ||
+                event.logprobs
+              )
+                yield event;
+              if (choice.finish_reason) {
+                const reason = (
+                  FINISH.has(choice.finish_reason) ? choice.finish_reason : 'stop'
+                ) as FinishReason;
+                finished.add(index);
+                yield { type: 'finish', index, reason };
+              }
             }
           }
+          if (read.done) break;
         }
         if (!done)
           throw fail(
