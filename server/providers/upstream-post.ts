@@ -1,13 +1,12 @@
 /**
- * One POST to an upstream whose answer is read as it arrives, over node:http(s) with keep-alive agents: on the
- * streamed chat path, `fetch` (undici and its web streams) cost more CPU than the rest of the adapter. With a
- * `fetch` injected (tests, or a deployment's own), the same shape is served through it.
+ * One POST to an upstream whose answer is read as it arrives. The default transport is undici's dispatcher
+ * with kept-alive connections per upstream origin, its answer handed over chunk by chunk through callbacks:
+ * per call it costs about 17 µs of CPU less than node:http (a `ClientRequest`, an `IncomingMessage` and its
+ * stream; bench/HISTORY.md, seventeenth round), and `fetch` (undici's web streams) cost more than either.
+ * With a `fetch` injected (tests, or a deployment's own), the same shape is served through it.
  */
-import http from 'node:http';
-import https from 'node:https';
-import { urlToHttpOptions } from 'node:url';
+import { Agent, type Dispatcher } from 'undici';
 import { readerChunks } from '../../client/sse.ts';
-import { extend } from '../objects.ts';
 
 export type UpstreamAnswer = {
   status: number;
@@ -35,71 +34,168 @@ export type UpstreamPost = (
   init: { headers: Record<string, string>; body: string },
 ) => UpstreamCall;
 
-const agents = {
-  http: new http.Agent({ keepAlive: true, maxSockets: 256 }),
-  https: new https.Agent({ keepAlive: true, maxSockets: 256 }),
-};
+/**
+ * Kept-alive connections, up to 256 per upstream origin (as many as calls run at once). undici's own header
+ * and body timeouts are off: the caller's timer bounds every call, as it did over node:http.
+ */
+const dispatcher = new Agent({ connections: 256, headersTimeout: 0, bodyTimeout: 0 });
 
 const cancelled = () => new DOMException('This operation was aborted', 'AbortError');
 
-type Target = { secure: boolean; options: http.RequestOptions };
-
-/** Each upstream URL as request options, parsed once: a provider posts every call to the same endpoint. */
-const targets = new Map<string, Target>();
+/** Each upstream URL as its origin and path, parsed once: a provider posts every call to the same endpoint. */
+const targets = new Map<string, { origin: string; path: string }>();
 const TARGETS_MAX = 256;
 
-function targetOf(url: string): Target {
+function targetOf(url: string): { origin: string; path: string } {
   let target = targets.get(url);
   if (!target) {
     const parsed = new URL(url);
-    target = { secure: parsed.protocol === 'https:', options: urlToHttpOptions(parsed) };
+    target = { origin: parsed.origin, path: `${parsed.pathname}${parsed.search}` };
     if (targets.size >= TARGETS_MAX) targets.clear();
     targets.set(url, target);
   }
   return target;
 }
 
-/** The default transport: node:http(s), a kept-alive connection per upstream host. */
-export const nodePost: UpstreamPost = (url, init) => {
-  const { secure, options } = targetOf(url);
-  let request: http.ClientRequest | undefined;
-  const answer = new Promise<UpstreamAnswer>((resolve, reject) => {
-    request = (secure ? https : http).request(
-      extend(options, {
-        method: 'POST',
-        agent: secure ? agents.https : agents.http,
-        headers: extend(init.headers, { 'content-length': String(Buffer.byteLength(init.body)) }),
-      }),
-      (response) => {
-        resolve({
-          status: response.statusCode ?? 0,
-          header(name) {
-            const value = response.headers[name.toLowerCase()];
-            return Array.isArray(value) ? value.join(', ') : value;
-          },
-          body: response,
-          release(complete) {
-            if (!complete || response.destroyed) {
-              response.destroy();
-              return Promise.resolve();
-            }
-            if (response.readableEnded) return Promise.resolve();
-            // Usually only the body's last chunk marker is left; the caller's own timer bounds the wait.
-            return new Promise<void>((settle) => {
-              response.once('end', settle);
-              response.once('close', settle);
-              response.resume();
-            });
-          },
-        });
-      },
-    );
-    // After the answer has started, errors reach the reader of its body; this only settles the start.
-    request.on('error', reject);
-    request.end(init.body);
-  });
-  // A request whose connection went back to the agent is `destroyed` already: cancelling it then does nothing.
-  return { answer, cancel: () => void request?.destroy(cancelled()) };
+/** Chunks held for the reader before the connection is paused (an upstream faster than its reader). */
+const HELD_CHUNKS = 16;
+const DONE: IteratorResult<Uint8Array> = { done: true, value: undefined };
+
+/**
+ * One call through the dispatcher: its handler, its answer and the answer's body (an async iterator over the
+ * chunks the handler is given). A class, not closures made per call.
+ */
+class DispatchedCall implements Dispatcher.DispatchHandler, UpstreamAnswer, AsyncIterator<Uint8Array> {
+  readonly answer: Promise<UpstreamAnswer>;
+  status = 0;
+  readonly body: AsyncIterable<Uint8Array> = { [Symbol.asyncIterator]: () => this };
+  private started = false;
+  private settleAnswer!: { resolve(answer: UpstreamAnswer): void; reject(error: unknown): void };
+  private controller: Dispatcher.DispatchController | undefined;
+  private headers: Record<string, string | string[] | undefined> = {};
+  /** Chunks given and not read yet; once released whole, chunks are dropped. */
+  private held: Uint8Array[] = [];
+  private released = false;
+  /** The read waiting for a chunk, the end or an error. */
+  private reading:
+    | { resolve(result: IteratorResult<Uint8Array>): void; reject(error: unknown): void }
+    | undefined;
+  private ended = false;
+  private failure: unknown;
+  private failed = false;
+  /** Told when the call is over (its end or an error): what `release(true)` waits for. */
+  private over: (() => void) | undefined;
+
+  constructor() {
+    this.answer = new Promise<UpstreamAnswer>((resolve, reject) => {
+      this.settleAnswer = { resolve, reject };
+    });
+  }
+
+  cancel(): void {
+    if (this.ended || this.failed) return;
+    const error = cancelled();
+    // Before the request reaches a connection there is nothing to abort yet: the call fails now, and its
+    // request is aborted as soon as it does.
+    if (this.controller) this.controller.abort(error);
+    else this.fail(error);
+  }
+
+  onRequestStart(controller: Dispatcher.DispatchController): void {
+    this.controller = controller;
+    if (this.failed) controller.abort(this.failure as Error);
+  }
+
+  onResponseStart(
+    _controller: Dispatcher.DispatchController,
+    statusCode: number,
+    headers: Record<string, string | string[] | undefined>,
+  ): void {
+    // 1xx answers come before the answer itself.
+    if (statusCode < 200 || this.failed) return;
+    this.status = statusCode;
+    this.headers = headers;
+    this.started = true;
+    this.settleAnswer.resolve(this);
+  }
+
+  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.released) return;
+    const reading = this.reading;
+    if (reading) {
+      this.reading = undefined;
+      reading.resolve({ done: false, value: chunk });
+      return;
+    }
+    this.held.push(chunk);
+    if (this.held.length >= HELD_CHUNKS) controller.pause();
+  }
+
+  onResponseEnd(): void {
+    this.ended = true;
+    const reading = this.reading;
+    this.reading = undefined;
+    reading?.resolve(DONE);
+    this.over?.();
+  }
+
+  onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {
+    this.fail(error);
+  }
+
+  private fail(error: unknown): void {
+    if (this.failed || this.ended) return;
+    this.failed = true;
+    this.failure = error;
+    if (!this.started) this.settleAnswer.reject(error);
+    const reading = this.reading;
+    this.reading = undefined;
+    reading?.reject(error);
+    this.over?.();
+  }
+
+  header(name: string): string | undefined {
+    const value = this.headers[name.toLowerCase()];
+    return Array.isArray(value) ? value.join(', ') : value;
+  }
+
+  next(): Promise<IteratorResult<Uint8Array>> {
+    const chunk = this.held.shift();
+    if (chunk) {
+      if (this.held.length === 0) this.controller?.resume();
+      return Promise.resolve({ done: false, value: chunk });
+    }
+    if (this.failed) return Promise.reject(this.failure);
+    if (this.ended || this.released) return Promise.resolve(DONE);
+    return new Promise((resolve, reject) => {
+      this.reading = { resolve, reject };
+    });
+  }
+
+  release(complete: boolean): Promise<void> {
+    if (this.ended || this.failed) return Promise.resolve();
+    if (!complete) {
+      // What is left of the body stays unread: the request is aborted, which drops its connection.
+      this.controller?.abort(cancelled());
+      this.fail(cancelled());
+      return Promise.resolve();
+    }
+    // Usually only the body's last chunk marker is left; the caller's own timer bounds the wait.
+    this.released = true;
+    this.held.length = 0;
+    this.controller?.resume();
+    return new Promise<void>((settle) => {
+      this.over = settle;
+    });
+  }
+}
+
+/** The default transport: undici's dispatcher, kept-alive connections per upstream origin. */
+export const dispatchPost: UpstreamPost = (url, init) => {
+  const { origin, path } = targetOf(url);
+  const call = new DispatchedCall();
+  dispatcher.dispatch({ origin, path, method: 'POST', headers: init.headers, body: init.body }, call);
+  return call;
 };
 
 /** A body without chunks (an answer without one). */

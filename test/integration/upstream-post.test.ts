@@ -1,17 +1,23 @@
 /**
  * The chat upstream adapter's transport (server/providers/upstream-post.ts) against a real local HTTP server:
  * a finished stream hands its connection back for the next call (keep-alive), while an answer cut short by
- * the adapter (over the byte cap) drops its connection rather than leaving half a body on it.
+ * the adapter (over the byte cap) drops its connection rather than leaving half a body on it. Connections are
+ * told apart by their port on the server's side.
  */
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, expect, test } from 'vitest';
 import { createOpenAiCompatibleProvider } from '../../server/providers/chat/openai-compatible.ts';
 import type { ChatEvent, ChatProviderRequest } from '../../server/providers/chat/types.ts';
+import { dispatchPost } from '../../server/providers/upstream-post.ts';
 
 let server: Server;
 let base = '';
 let connections = 0;
+/** The client port of the connection each request came in on, in order. */
+const requestPorts: number[] = [];
+/** The client ports of the connections the server has seen closed. */
+const closedPorts = new Set<number>();
 /** Bytes of filler before `[DONE]` in the next answer. */
 let filler = 0;
 
@@ -20,6 +26,7 @@ const chunk = (content: string) =>
 
 beforeAll(async () => {
   server = createServer((req, res) => {
+    requestPorts.push(req.socket.remotePort ?? 0);
     req.resume();
     req.on('end', () => {
       res.writeHead(200, { 'content-type': 'text/event-stream' });
@@ -31,8 +38,10 @@ beforeAll(async () => {
       res.end('data: [DONE]\n\n');
     });
   });
-  server.on('connection', () => {
+  server.on('connection', (socket) => {
     connections += 1;
+    const port = socket.remotePort ?? 0;
+    socket.on('close', () => closedPorts.add(port));
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   base = `http://127.0.0.1:${(server.address() as AddressInfo).port}/v1`;
@@ -81,9 +90,27 @@ test('behavior: finished streams reuse one kept-alive connection; a stream cut a
   filler = 64 * 1024;
   await new Promise((resolve) => setImmediate(resolve));
   await expect(collect(16 * 1024)).rejects.toMatchObject({ kind: 'failed' });
+  const cut = requestPorts.at(-1) as number;
+  // The kept-alive connection carried the cut answer too, and the cut dropped it.
+  expect(cut).toBe(requestPorts[0]);
+  await expect.poll(() => closedPorts.has(cut)).toBe(true);
   filler = 0;
-  // The cut connection is not reused: the next call opens a new one, and works.
-  const afterCut = connections;
-  await collect();
-  expect(connections - afterCut).toBe(1);
+  // The cut connection is not reused: the next call comes on another one, and works.
+  const events = await collect();
+  expect(events.at(-1)).toMatchObject({ type: 'usage' });
+  expect(requestPorts.at(-1)).not.toBe(cut);
+});
+
+test('behavior: a call cancelled before it reaches a connection fails at once and sends nothing', async () => {
+  const before = requestPorts.length;
+  const call = dispatchPost(`${base}/chat/completions`, {
+    headers: { 'content-type': 'application/json' },
+    body: '{}',
+  });
+  call.cancel();
+  await expect(call.answer).rejects.toMatchObject({ name: 'AbortError' });
+  // A call made afterwards is answered; the cancelled one never arrived.
+  const events = await collect();
+  expect(events.at(-1)).toMatchObject({ type: 'usage' });
+  expect(requestPorts.length - before).toBe(1);
 });

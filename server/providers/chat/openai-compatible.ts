@@ -9,8 +9,8 @@
 import { createSseParser, type SseEvent } from '../../../client/sse.ts';
 import { redactSecret, redactUrl, type UpstreamAdapterOptions, upstreamError } from '../http.ts';
 import {
+  dispatchPost,
   fetchPost,
-  nodePost,
   readAnswerCapped,
   type UpstreamAnswer,
   type UpstreamCall,
@@ -47,7 +47,7 @@ type UpstreamChunk = {
 };
 
 export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions): ChatProvider {
-  const post = options.fetch ? fetchPost(options.fetch) : nodePost;
+  const post = options.fetch ? fetchPost(options.fetch) : dispatchPost;
   const maxBytes = options.maxBytes ?? 16 * 1024 * 1024;
   const endpoint = `${options.baseUrl.replace(/\/+$/, '')}/chat/completions`;
 
