@@ -7,6 +7,7 @@
  */
 import { Agent, type Dispatcher } from 'undici';
 import { readerChunks } from '../../client/sse.ts';
+import { UPSTREAM_CONNECTIONS } from './upstream-connections.ts';
 
 export type UpstreamAnswer = {
   status: number;
@@ -34,11 +35,8 @@ export type UpstreamPost = (
   init: { headers: Record<string, string>; body: string },
 ) => UpstreamCall;
 
-/**
- * Kept-alive connections, up to 256 per upstream origin (as many as calls run at once). undici's own header
- * and body timeouts are off: the caller's timer bounds every call, as it did over node:http.
- */
-const dispatcher = new Agent({ connections: 256, headersTimeout: 0, bodyTimeout: 0 });
+/** Kept-alive connections per upstream origin, bounded by the caller's timer (upstream-connections.ts). */
+const dispatcher = new Agent(UPSTREAM_CONNECTIONS);
 
 const cancelled = () => new DOMException('This operation was aborted', 'AbortError');
 

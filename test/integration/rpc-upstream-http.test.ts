@@ -2,7 +2,8 @@
  * The HTTP JSON-RPC upstream on the wire, against a loopback node that records what it receives: the request
  * line and headers a node behind a virtual host needs (Host, the URL's credentials as Basic auth, the path and
  * query kept, the body's length), the request bytes unchanged, and one keep-alive connection reused by
- * sequential calls.
+ * sequential calls. undici hands a connection back a turn of the event loop after its answer ended (a server
+ * that said it keeps the connection may still close it): the calls here are that far apart, as a proxy's are.
  */
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -10,6 +11,9 @@ import { afterAll, beforeAll, expect, test } from 'vitest';
 import { createHttpRpcUpstream } from '../../server/providers/rpc/http.ts';
 
 type Seen = { method: string; url: string; headers: IncomingHttpHeaders; body: string; socket: number };
+
+/** A turn of the event loop. */
+const nextTurn = () => new Promise((resolve) => setImmediate(resolve));
 
 let server: Server;
 let port = 0;
@@ -44,6 +48,21 @@ beforeAll(async () => {
         setTimeout(() => res.end(answer.slice(10)), 20);
         return;
       }
+      if (req.url === '/big') {
+        // Over the cap, declared.
+        const big = Buffer.alloc(4096, 0x20);
+        res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(big.length) });
+        res.end(big);
+        return;
+      }
+      if (req.url === '/big-chunked') {
+        // Over the cap, undeclared: chunks until the client gives up.
+        res.writeHead(200, { 'content-type': 'application/json' });
+        const timer = setInterval(() => res.write(Buffer.alloc(1024, 0x20)), 1);
+        res.on('close', () => clearInterval(timer));
+        return;
+      }
+      if (req.url === '/silent') return; // Never answers.
       res.writeHead(200, { 'content-type': 'application/json' });
       res.end(answer);
     });
@@ -94,7 +113,10 @@ test('behavior: sequential calls reuse one keep-alive connection; no credentials
   try {
     seen.length = 0;
     const payload = Buffer.from('{"jsonrpc":"2.0","id":7,"method":"eth_chainId"}');
-    for (let i = 0; i < 3; i++) await upstream.forward({ payload, parse: () => true });
+    for (let i = 0; i < 3; i++) {
+      if (i > 0) await nextTurn();
+      await upstream.forward({ payload, parse: () => true });
+    }
     expect(seen.map((s) => s.url)).toEqual(['/', '/', '/']);
     expect(new Set(seen.map((s) => s.socket)).size).toBe(1);
     expect(seen[0]?.headers.authorization).toBeUndefined();
@@ -114,6 +136,7 @@ test('behavior: an answer whole at once, its body after its head, or chunked: th
     try {
       seen.length = 0;
       for (let i = 0; i < 3; i++) {
+        if (i > 0) await nextTurn();
         const answer = await upstream.forward({ payload, parse: (status, body) => `${status}:${body}` });
         expect(answer.parsed, path).toBe('200:{"jsonrpc":"2.0","id":7,"result":"0x2a"}');
       }
@@ -123,4 +146,33 @@ test('behavior: an answer whole at once, its body after its head, or chunked: th
       upstream.close();
     }
   }
+});
+
+test('behavior: an answer over the cap (declared or not), no answer in time, the caller gone: each ends its call and its connection', async () => {
+  const payload = Buffer.from('{"jsonrpc":"2.0","id":7,"method":"eth_chainId"}');
+  const failure = async (path: string, timeoutMs: number, signal?: AbortSignal) => {
+    const upstream = createHttpRpcUpstream({
+      endpoints: [{ url: `http://127.0.0.1:${port}${path}`, timeoutMs }],
+      maxResponseBytes: 1024,
+    });
+    try {
+      return await upstream.forward({ payload, parse: () => true, ...(signal ? { signal } : {}) }).then(
+        () => undefined,
+        (error: unknown) => error as { kind: string },
+      );
+    } finally {
+      upstream.close();
+    }
+  };
+  expect(await failure('/big', 5000)).toMatchObject({ kind: 'too_large' });
+  expect(await failure('/big-chunked', 5000)).toMatchObject({ kind: 'too_large' });
+  expect(await failure('/silent', 50)).toMatchObject({ kind: 'timeout' });
+  const gone = new AbortController();
+  setTimeout(() => gone.abort(), 50);
+  expect(await failure('/silent', 5000, gone.signal)).toMatchObject({ kind: 'aborted' });
+  // Gone before the call: nothing is sent.
+  seen.length = 0;
+  expect(await failure('', 5000, AbortSignal.abort())).toMatchObject({ kind: 'aborted' });
+  await nextTurn();
+  expect(seen).toHaveLength(0);
 });

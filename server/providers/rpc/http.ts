@@ -1,13 +1,12 @@
 /**
- * The JSON-RPC upstream over HTTP(S): POSTs the request bytes to each configured node in order, with a
- * keep-alive agent per node, a per-attempt timeout and a response size cap. Everything per node (parsed URL,
- * agent, request options, the header lines) is built once at start; a call allocates only the request itself.
+ * The JSON-RPC upstream over HTTP(S): POSTs the request bytes to each configured node in order, over undici
+ * (kept-alive connections per node, the answer handed over through a handler's callbacks: no request or
+ * response stream per call), with a per-attempt timeout and a response size cap. Everything per node (its
+ * connections, path and header list) is built once at start.
  */
-import http from 'node:http';
-import https from 'node:https';
+import { type Dispatcher, Pool } from 'undici';
 import type { UpstreamEndpoint } from '../../domains/rpc/networks.ts';
-import { wholeBody } from '../../http/whole-body.ts';
-import { extend } from '../../objects.ts';
+import { UPSTREAM_CONNECTIONS } from '../upstream-connections.ts';
 import { type ForwardInput, type ForwardResult, type RpcUpstream, UpstreamError } from './port.ts';
 
 export type HttpRpcUpstreamOptions = {
@@ -20,23 +19,20 @@ type Node = {
   /** Host only: never the path or credentials, which may hold an API key. */
   label: string;
   timeoutMs: number;
-  request: typeof http.request;
-  options: http.RequestOptions;
-  /** Every request header but the length, as a flat name/value list (Host and credentials included). */
-  headers: readonly string[];
-  agent: http.Agent;
+  pool: Pool;
+  path: string;
+  /**
+   * Every request header but Host and the length (undici writes both: Host as the URL's, without a default
+   * port), as a flat name/value list; the URL's credentials as Basic auth.
+   */
+  headers: string[];
 };
 
-type Attempt =
-  | { ok: true; status: number; body: Buffer }
-  | { ok: false; kind: 'timeout' | 'unreachable' | 'too_large' | 'aborted'; cause?: unknown };
+type FailureKind = 'timeout' | 'unreachable' | 'too_large' | 'aborted';
+type Attempt = { ok: true; status: number; body: Buffer } | { ok: false; kind: FailureKind; cause?: unknown };
 
 function toNode(endpoint: UpstreamEndpoint): Node {
   const url = new URL(endpoint.url);
-  const secure = url.protocol === 'https:';
-  const agent = secure
-    ? new https.Agent({ keepAlive: true, maxSockets: 256 })
-    : new http.Agent({ keepAlive: true, maxSockets: 256 });
   const auth =
     url.username || url.password
       ? `${decodeURIComponent(url.username)}:${decodeURIComponent(url.password)}`
@@ -44,21 +40,9 @@ function toNode(endpoint: UpstreamEndpoint): Node {
   return {
     label: url.host,
     timeoutMs: endpoint.timeoutMs,
-    request: secure ? https.request : http.request,
-    agent,
-    options: {
-      method: 'POST',
-      protocol: url.protocol,
-      hostname: url.hostname.replace(/^\[|\]$/g, ''),
-      port: url.port || (secure ? 443 : 80),
-      path: `${url.pathname}${url.search}`,
-      agent,
-    },
-    // A list is written as it is (no per-header checks), but then Node adds neither Host nor the URL's
-    // credentials: both are here, as Node would have written them (`url.host` omits a default port).
+    pool: new Pool(url.origin, UPSTREAM_CONNECTIONS),
+    path: `${url.pathname}${url.search}`,
     headers: [
-      'host',
-      url.host,
       'content-type',
       'application/json',
       'accept',
@@ -68,55 +52,88 @@ function toNode(endpoint: UpstreamEndpoint): Node {
   };
 }
 
-function attempt(node: Node, payload: Buffer, maxBytes: number, signal?: AbortSignal): Promise<Attempt> {
-  return new Promise((resolve) => {
-    let settled = false;
-    const finish = (result: Attempt) => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      signal?.removeEventListener('abort', onAbort);
-      resolve(result);
-    };
-    const req = node.request(
-      extend(node.options, { headers: [...node.headers, 'content-length', String(payload.length)] }),
-    );
-    const fail = (kind: 'timeout' | 'unreachable' | 'too_large' | 'aborted', cause?: unknown) => {
-      finish({ ok: false, kind, cause });
-      req.destroy();
-    };
-    const onAbort = () => fail('aborted');
-    const timer = setTimeout(() => fail('timeout'), node.timeoutMs);
-    signal?.addEventListener('abort', onAbort, { once: true });
-    req.on('error', (error) => fail('unreachable', error));
-    req.on('response', (res) => {
-      const declared = Number(res.headers['content-length']);
-      if (declared > maxBytes) return fail('too_large');
-      res.on('error', (error) => fail('unreachable', error));
-      // A microtask later, a small answer is usually whole in the buffer (whole-body.ts).
-      queueMicrotask(() => {
-        if (settled) return;
-        const whole = wholeBody(res, declared);
-        if (whole) {
-          finish({ ok: true, status: res.statusCode ?? 0, body: whole });
-          return;
-        }
-        const chunks: Buffer[] = [];
-        let size = 0;
-        res.on('data', (chunk: Buffer) => {
-          size += chunk.length;
-          if (size > maxBytes) return fail('too_large');
-          chunks.push(chunk);
-        });
-        res.on('end', () => {
-          const body = chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, size);
-          finish({ ok: true, status: res.statusCode ?? 0, body });
-        });
-      });
+/** What ends an attempt early also aborts its request, which drops its connection. */
+const ended = () => new Error('attempt ended');
+
+/** One attempt at a node: the handler of its request, settling `result` once (answer, failure, timeout). */
+class NodeAttempt implements Dispatcher.DispatchHandler {
+  readonly result: Promise<Attempt>;
+  private settle!: (attempt: Attempt) => void;
+  private controller: Dispatcher.DispatchController | undefined;
+  private done = false;
+  private status = 0;
+  private chunks: Buffer[] = [];
+  private size = 0;
+  private readonly timer: NodeJS.Timeout;
+  private readonly onAbort = () => this.fail('aborted');
+
+  constructor(
+    timeoutMs: number,
+    private readonly maxBytes: number,
+    private readonly signal: AbortSignal | undefined,
+  ) {
+    this.result = new Promise<Attempt>((resolve) => {
+      this.settle = resolve;
     });
-    if (signal?.aborted) return fail('aborted');
-    req.end(payload);
-  });
+    this.timer = setTimeout(() => this.fail('timeout'), timeoutMs);
+    signal?.addEventListener('abort', this.onAbort, { once: true });
+  }
+
+  fail(kind: FailureKind, cause?: unknown): void {
+    if (this.finish({ ok: false, kind, cause })) this.controller?.abort(ended());
+  }
+
+  private finish(attempt: Attempt): boolean {
+    if (this.done) return false;
+    this.done = true;
+    clearTimeout(this.timer);
+    this.signal?.removeEventListener('abort', this.onAbort);
+    this.settle(attempt);
+    return true;
+  }
+
+  onRequestStart(controller: Dispatcher.DispatchController): void {
+    this.controller = controller;
+    // Ended before its request reached a connection (the caller gone, the time up): nothing is sent.
+    if (this.done) controller.abort(ended());
+  }
+
+  onResponseStart(
+    _controller: Dispatcher.DispatchController,
+    statusCode: number,
+    headers: Record<string, string | string[] | undefined>,
+  ): void {
+    if (statusCode < 200) return;
+    if (Number(headers['content-length']) > this.maxBytes) this.fail('too_large');
+    else this.status = statusCode;
+  }
+
+  onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.done) return;
+    this.size += chunk.length;
+    if (this.size > this.maxBytes) this.fail('too_large');
+    else this.chunks.push(chunk);
+  }
+
+  onResponseEnd(): void {
+    const { chunks, size } = this;
+    this.finish({
+      ok: true,
+      status: this.status,
+      body: chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, size),
+    });
+  }
+
+  onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {
+    this.fail('unreachable', error);
+  }
+}
+
+function attempt(node: Node, payload: Buffer, maxBytes: number, signal?: AbortSignal): Promise<Attempt> {
+  const call = new NodeAttempt(node.timeoutMs, maxBytes, signal);
+  if (signal?.aborted) call.fail('aborted');
+  else node.pool.dispatch({ path: node.path, method: 'POST', headers: node.headers, body: payload }, call);
+  return call.result;
 }
 
 /** A JSON-RPC upstream over HTTP with failover across `endpoints`, in order. */
@@ -154,7 +171,7 @@ export function createHttpRpcUpstream(options: HttpRpcUpstreamOptions): RpcUpstr
       throw last ?? new UpstreamError('unreachable', 'no upstream configured', { attempts: 0 });
     },
     close() {
-      for (const node of nodes) node.agent.destroy();
+      for (const node of nodes) void node.pool.destroy();
     },
   };
 }
