@@ -10,7 +10,9 @@
  *   headers and the agent's socket);
  * - `upstream` and `upstream answer`: a request to an upstream (JSON-RPC node, chat provider) sent (its headers
  *   flushed to the socket), and its answer's headers read, just before its `response` event (`http.client.*`
- *   channels);
+ *   channels); the chat upstream adapter's calls go through undici instead, whose channels give
+ *   `undici request` (the request made), `undici send` (its bytes about to be written to the socket),
+ *   `upstream` (written), `upstream answer` (the answer's headers parsed) and `upstream end` (its body's end);
  * - `writeHead`, `end` and `ended`: the answer's headers set, and the call that writes its last bytes (before and
  *   after: a socket write to the client happens inside it);
  * - garbage collections, with their start, duration and kind (a `gc` performance observer).
@@ -51,6 +53,11 @@ dc.subscribe('http.server.request.start', () => mark('req'));
 dc.subscribe('http.server.response.finish', () => mark('finish'));
 dc.subscribe('http.client.request.start', () => mark('upstream'));
 dc.subscribe('http.client.response.finish', () => mark('upstream answer'));
+dc.subscribe('undici:request:create', () => mark('undici request'));
+dc.subscribe('undici:client:sendHeaders', () => mark('undici send'));
+dc.subscribe('undici:request:bodySent', () => mark('upstream'));
+dc.subscribe('undici:request:headers', () => mark('upstream answer'));
+dc.subscribe('undici:request:trailers', () => mark('upstream end'));
 
 // `http.request` itself (the upstream call's request object made: options, headers, the agent's socket), from
 // before it is called to its return; the server's modules take the wrapped function, being loaded after this.
