@@ -146,54 +146,47 @@ export function createChatService(deps: ChatServiceDeps) {
     let produced = false;
     let finished = false;
     let lastError: unknown;
-    // Once a backend has produced, nothing fails over any more: its events are passed on as its own iterator
-    // gives them (its promise, not a promise of ours and an await per event).
-    let chosen: AsyncIterator<ChatEvent> | undefined;
-    const untilProduced = async (): Promise<IteratorResult<ChatEvent>> => {
-      for (;;) {
-        if (finished) return DONE;
-        if (!events || !provider) {
-          const backend = prepared.backends[next++];
-          if (!backend) {
-            finished = true;
-            throw lastError;
-          }
-          provider = deps.providerFor(backend);
-          produced = false;
-          events = provider
-            .stream(
-              extend(prepared.request, {
-                model: backend.kind === 'local' ? prepared.model.id : backend.upstreamModel,
-                signal,
-              }),
-            )
-            [Symbol.asyncIterator]();
-        }
-        try {
-          const result = await events.next();
-          if (result.done) {
-            finished = true;
-            return DONE;
-          }
-          if (!produced) prepared.router = provider.name;
-          produced = true;
-          chosen = events;
-          return result;
-        } catch (error) {
-          lastError = error;
-          const retryable =
-            error instanceof ChatProviderError && (error.kind === 'capacity' || error.kind === 'failed');
-          if (produced || !retryable || signal.aborted) {
-            finished = true;
-            throw error;
-          }
-          events = undefined;
-        }
-      }
-    };
     return {
-      next(): Promise<IteratorResult<ChatEvent>> {
-        return chosen && !finished ? chosen.next() : untilProduced();
+      async next(): Promise<IteratorResult<ChatEvent>> {
+        for (;;) {
+          if (finished) return DONE;
+          if (!events || !provider) {
+            const backend = prepared.backends[next++];
+            if (!backend) {
+              finished = true;
+              throw lastError;
+            }
+            provider = deps.providerFor(backend);
+            produced = false;
+            events = provider
+              .stream(
+                extend(prepared.request, {
+                  model: backend.kind === 'local' ? prepared.model.id : backend.upstreamModel,
+                  signal,
+                }),
+              )
+              [Symbol.asyncIterator]();
+          }
+          try {
+            const result = await events.next();
+            if (result.done) {
+              finished = true;
+              return DONE;
+            }
+            if (!produced) prepared.router = provider.name;
+            produced = true;
+            return result;
+          } catch (error) {
+            lastError = error;
+            const retryable =
+              error instanceof ChatProviderError && (error.kind === 'capacity' || error.kind === 'failed');
+            if (produced || !retryable || signal.aborted) {
+              finished = true;
+              throw error;
+            }
+            events = undefined;
+          }
+        }
       },
       async return(): Promise<IteratorResult<ChatEvent>> {
         const open = finished ? undefined : events;
@@ -440,8 +433,8 @@ export function createChatService(deps: ChatServiceDeps) {
 
     /**
      * The provider events, with failover to the next backend while nothing was produced. A plain iterator
-     * over the provider's (not an async generator around it), which hands on the provider's own promise of
-     * each event once one was produced: no generator's queue, and no promise or await of its own per event.
+     * over the provider's (not an async generator around it): one promise per event, not a generator's
+     * queue and two awaits.
      */
     run(prepared: PreparedChat, signal: AbortSignal): AsyncIterable<ChatEvent> {
       return { [Symbol.asyncIterator]: () => failover(prepared, signal) };
