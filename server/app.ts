@@ -51,12 +51,8 @@ export type AppDeps = {
   /**
    * Takes one of the caller's in-flight slots before admission (wallets: at most 5 paid requests at once);
    * returns the release, called when the response is over, or throws the ApiError to answer with (429).
-   * Undefined, not a promise, when the request takes no slot.
    */
-  acquireSlot?(input: {
-    operationId: OperationId;
-    principal: Principal;
-  }): Promise<(() => void) | undefined> | undefined;
+  acquireSlot?(input: { operationId: OperationId; principal: Principal }): Promise<(() => void) | undefined>;
   /**
    * What an authenticated request waits for before it is admitted: its account's captures still under way in
    * this process (Charges.settled; undefined when there are none), so that it sees the account as the answers
@@ -65,20 +61,13 @@ export type AppDeps = {
   settled?(accountId: string): Promise<void> | undefined;
   /** Counts every request from its arrival to the end of its response (see http/in-flight.ts). */
   inFlight?: InFlight;
-  /**
-   * Headers computed once the handler is done, before the reply is written (`X-Balance-Remaining`); undefined
-   * when the request has none.
-   */
-  replyHeaders?(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders> | undefined;
+  /** Headers computed once the handler is done, before the reply is written (`X-Balance-Remaining`). */
+  replyHeaders?(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders>;
   /**
    * Headers of whatever answers an admitted request, its reply or its error, computed once the handler is done
-   * (the balance before the request): at once when they are known, a promise when they must be read. Never
-   * throws: what cannot be computed is left out.
+   * (the balance before the request). Never throws: what cannot be computed is left out.
    */
-  answerHeaders?(input: {
-    operationId: OperationId;
-    principal: Principal;
-  }): ReplyHeaders | Promise<ReplyHeaders>;
+  answerHeaders?(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders>;
 };
 
 /** Names of the x402 payment header; only the top-up operation reads them. */
@@ -316,40 +305,40 @@ export function createApp(deps: AppDeps): express.Express {
       files: (req as Request & { files?: unknown }).files,
     } as unknown as HandlerContext<OperationId>;
     const principal = locals.principal;
-    const admit = (release?: () => void) => {
+    const acquire = () =>
+      deps.acquireSlot && principal
+        ? deps.acquireSlot({ operationId, principal })
+        : Promise.resolve(undefined);
+    const settled = principal ? deps.settled?.(principal.accountId) : undefined;
+    const slot = settled ? settled.then(acquire) : acquire();
+    const admitted = slot.then((release) => {
       if (release) res.on('close', release);
       return deps.admit && principal
         ? deps.admit({ operationId, principal, body: req.body })
         : Promise.resolve<ReplyHeaders>({});
-    };
-    // Each step a promise only when it has one: a request that takes no slot goes straight to admission.
-    const acquireThenAdmit = () => {
-      const slot = principal ? deps.acquireSlot?.({ operationId, principal }) : undefined;
-      return slot ? slot.then(admit) : admit();
-    };
-    const settled = principal ? deps.settled?.(principal.accountId) : undefined;
-    const admitted = settled ? settled.then(acquireThenAdmit) : acquireThenAdmit();
-    admitted.then(async (headers) => {
-      let reply: Reply<OperationId>;
-      try {
+    });
+    admitted
+      .then(async (headers) => {
         for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
+        let reply: Reply<OperationId>;
         try {
           reply = await handler(ctx);
         } finally {
           if (deps.answerHeaders && principal) {
-            const answer = deps.answerHeaders({ operationId, principal });
-            const known = answer instanceof Promise ? await answer : answer;
-            for (const [name, value] of Object.entries(known)) res.setHeader(name, value);
+            const answer = await deps.answerHeaders({ operationId, principal });
+            for (const [name, value] of Object.entries(answer)) res.setHeader(name, value);
           }
         }
-        const after = principal ? deps.replyHeaders?.({ operationId, principal }) : undefined;
-        if (after) reply.headers = Object.assign({}, reply.headers, await after);
-      } catch (error) {
-        next(error);
-        return;
-      }
-      await writeReply(res, reply, aborter.signal, !config.validateResponses).catch(next);
-    }, next);
+        if (deps.replyHeaders && principal) {
+          const after = await deps.replyHeaders({ operationId, principal });
+          reply.headers = Object.assign({}, reply.headers, after);
+        }
+        return reply;
+      })
+      .then(
+        (reply) => writeReply(res, reply, aborter.signal, !config.validateResponses).catch(next),
+        (error: unknown) => next(error),
+      );
   });
 
   // One Express layer for the whole contract path (see http/pipeline.ts): the same steps, in this order.

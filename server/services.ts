@@ -301,17 +301,15 @@ export async function createServices(
    * The balance before the request, which every inference answer reports: as its reservation found it, or,
    * when it reserved nothing (it failed before, or costs nothing), read now (nothing was taken meanwhile).
    */
-  function balanceHeaders(principal: Principal): ReplyHeaders | Promise<ReplyHeaders> {
-    const known = balancesBefore.get(principal);
-    if (known) return balanceHeadersOf(known);
-    return ledger.getBalance(principal.accountId).then(
-      (balance) => balanceHeadersOf(balanceBefore(balance)),
-      // The work is done (or failed for its own reason): a balance that cannot be read is not reported.
-      () => ({}),
-    );
-  }
-
-  function balanceHeadersOf(before: BalanceBefore): ReplyHeaders {
+  async function balanceHeaders(principal: Principal): Promise<ReplyHeaders> {
+    const before =
+      balancesBefore.get(principal) ??
+      (await ledger.getBalance(principal.accountId).then(
+        balanceBefore,
+        // The work is done (or failed for its own reason): a balance that cannot be read is not reported.
+        () => undefined,
+      ));
+    if (!before) return {};
     return {
       'x-service-balance-usd': formatUsdFixed(before.usdNano, 8),
       'x-service-balance-diem': formatUsdFixed(before.diemNano, 8),
@@ -330,18 +328,14 @@ export async function createServices(
     acquireSlot: (input) => wallet.acquireSlot(input),
     inFlight,
     settled: (accountId) => charges.settled(accountId),
-    replyHeaders(input) {
+    async replyHeaders(input) {
       // `X-Balance-Remaining` is the balance after the request: after its capture, which the reply does not
-      // otherwise wait for (Charges.captureDetached). Only a wallet's paid requests have it.
-      if (!wallet.isPaid(input.operationId, input.principal)) return undefined;
-      return (async () => {
-        await charges.settled(input.principal.accountId);
-        return wallet.replyHeaders(input);
-      })();
+      // otherwise wait for (Charges.captureDetached).
+      if (input.principal.kind === 'wallet') await charges.settled(input.principal.accountId);
+      return wallet.replyHeaders(input);
     },
     async admit({ operationId, principal, body }) {
-      const walletCheck = wallet.admitWallet(operationId, principal);
-      if (walletCheck) await walletCheck;
+      await wallet.admitWallet(operationId, principal);
       const requested = (body as { model?: unknown } | undefined)?.model;
       const model = typeof requested === 'string' ? requested : undefined;
       // The JSON-RPC proxy has its own per-minute and credit caps.
@@ -364,7 +358,7 @@ export async function createServices(
       return extend(limits, catalog.deprecationHeaders(resolved.remappedFrom ?? resolved.model));
     },
     answerHeaders: ({ operationId, principal }) =>
-      inferenceOperations.has(operationId) ? balanceHeaders(principal) : {},
+      inferenceOperations.has(operationId) ? balanceHeaders(principal) : Promise.resolve({}),
   };
 
   return {

@@ -187,33 +187,10 @@ export function createWalletDomain(deps: WalletDomainDeps) {
     : undefined;
   timer?.unref();
 
-  /** One of a wallet's in-flight slots, or the 429 of a wallet with all of them taken. */
-  async function acquireWalletSlot(accountId: string): Promise<() => void> {
-    const id = await slots.acquire({
-      accountId,
-      max: WALLET_MAX_IN_FLIGHT,
-      leaseMs: config.reservationTtlMs,
-    });
-    if (id === undefined) {
-      throw new ApiError(
-        429,
-        `Too many concurrent requests: a wallet may have at most ${WALLET_MAX_IN_FLIGHT} paid requests in flight`,
-        { code: 'X402_CONCURRENCY_LIMIT' },
-      );
-    }
-    return () => {
-      slots
-        .release(id)
-        .catch((error: unknown) => deps.logger.warn({ err: error }, 'wallet slot release failed'));
-    };
-  }
-
   const isPaid = (operationId: OperationId, principal: Principal) =>
     principal.kind === 'wallet' && deps.paidOperations.has(operationId);
 
   return {
-    /** Whether a request is paid from the wallet's credit (a wallet calling an operation that declares a 402). */
-    isPaid,
     verifySignInWithX,
     discovery,
     topUp,
@@ -227,26 +204,37 @@ export function createWalletDomain(deps: WalletDomainDeps) {
       });
     },
 
-    /**
-     * A wallet with less than the admission minimum gets the wallet 402 before any work. Undefined, not a
-     * promise, when the request is not paid from a wallet.
-     */
-    admitWallet(operationId: OperationId, principal: Principal): Promise<void> | undefined {
-      if (!isPaid(operationId, principal)) return undefined;
-      return ledger.getBalance(principal.accountId).then((balance) => {
-        const available = balance.usdAvailableNano + balance.diemAvailableNano;
-        if (available < MINIMUM_BALANCE_NANO) throw paymentRequired({ currentBalanceNano: available });
-      });
+    /** A wallet with less than the admission minimum gets the wallet 402 before any work. */
+    async admitWallet(operationId: OperationId, principal: Principal): Promise<void> {
+      if (!isPaid(operationId, principal)) return;
+      const balance = await ledger.getBalance(principal.accountId);
+      const available = balance.usdAvailableNano + balance.diemAvailableNano;
+      if (available < MINIMUM_BALANCE_NANO) throw paymentRequired({ currentBalanceNano: available });
     },
 
     /** At most WALLET_MAX_IN_FLIGHT paid requests per wallet across every process; 429 beyond. */
-    acquireSlot(input: {
+    async acquireSlot(input: {
       operationId: OperationId;
       principal: Principal;
-    }): Promise<(() => void) | undefined> | undefined {
-      // A request not paid from a wallet takes no slot: nothing to wait for.
+    }): Promise<(() => void) | undefined> {
       if (!isPaid(input.operationId, input.principal)) return undefined;
-      return acquireWalletSlot(input.principal.accountId);
+      const id = await slots.acquire({
+        accountId: input.principal.accountId,
+        max: WALLET_MAX_IN_FLIGHT,
+        leaseMs: config.reservationTtlMs,
+      });
+      if (id === undefined) {
+        throw new ApiError(
+          429,
+          `Too many concurrent requests: a wallet may have at most ${WALLET_MAX_IN_FLIGHT} paid requests in flight`,
+          { code: 'X402_CONCURRENCY_LIMIT' },
+        );
+      }
+      return () => {
+        slots
+          .release(id)
+          .catch((error: unknown) => deps.logger.warn({ err: error }, 'wallet slot release failed'));
+      };
     },
 
     /** `X-Balance-Remaining`: the wallet's spendable credit in USD once the handler is done. */
