@@ -13,23 +13,29 @@
  *   the write lock, its three rate-limit windows counted, the reservation inserted and held on the account;
  *   in the next event-loop turn (the work), in another transaction the account charged, the reservation
  *   settled, two ledger entries (input and output tokens) and the tokens-per-minute count; then a JSON answer.
- * - `POST /rpc`: a JSON-RPC call's writes around a forward to `FLOOR_UPSTREAM` (keep-alive `node:http`): the
- *   reservation (with the per-minute count) before, the capture (one ledger entry) after; the upstream's bytes.
- * - `POST /proxy`: the forward alone, no writes: what a bare `node:http` proxy adds on this machine.
+ * - `POST /rpc`: a JSON-RPC call's writes around a forward to `FLOOR_UPSTREAM`: the reservation (with the
+ *   per-minute count) before, the capture (one ledger entry) after; the upstream's bytes.
+ * - `POST /proxy`: the forward alone, no writes: what a bare proxy adds on this machine.
  * - `POST /upstream`: a streamed chat through an OpenAI-compatible upstream (`FLOOR_CHAT_UPSTREAM`'s
- *   `/v1/chat/completions`, keep-alive `node:http`), as the server's upstream adapter does it: the chat's
+ *   `/v1/chat/completions`), as the server's upstream adapter does it: the chat's
  *   reservation (its three rate-limit windows counted) before; the upstream's events parsed as they come,
  *   each re-emitted to the client with the request's id and model, its usage taken; then the final frames and,
  *   in the same event-loop turn, the capture (two ledger entries and the tokens-per-minute count), which the
  *   answer does not wait for when it is alone (the server's `Charges.captureDetached`).
+ *
+ * The forwards go out as the server's do: undici's dispatcher with kept-alive connections per upstream and a
+ * handler's callbacks (`server/providers/upstream-connections.ts`), so that the floor stays below what the
+ * server can do with its client.
  *
  * Env: `PORT`; `FLOOR_DB`: a migrated SQLite file with the funded account and key of `FLOOR_KEY` (bench/setup.ts
  * `fundedKey`); `FLOOR_UPSTREAM`: the upstream's origin for `/rpc` and `/proxy`; `FLOOR_CHAT_UPSTREAM`: the chat
  * upstream's origin for `/upstream` (bench/upstream.ts). Listens on 127.0.0.1.
  */
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
-import { Agent, createServer, type IncomingMessage, request, type ServerResponse } from 'node:http';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import Sqlite from 'better-sqlite3';
+import { type Dispatcher, Pool } from 'undici';
+import { UPSTREAM_CONNECTIONS } from '../server/providers/upstream-connections.ts';
 import {
   CHECKPOINT_INTERVAL_MS,
   SAFETY_CHECKPOINT_PAGES,
@@ -177,35 +183,46 @@ function inGroup(write: () => void, done: () => void, eager = false): void {
   queued.push({ write, done });
 }
 
-const agent = new Agent({ keepAlive: true, maxSockets: 256 });
+/** What a forward does with the upstream's answer: its status (false: not wanted), its chunks, its end. */
+type Receiver = { start(status: number): boolean; data(chunk: Buffer): void; end(): void; fail(): void };
 
-/** A JSON POST to `target` on the kept-alive agent, with `headers` (name, value, …) besides its own. */
-function post(
-  target: URL,
-  body: string | Buffer,
-  headers: string[],
-  onResponse: (answer: IncomingMessage) => void,
-  fail: () => void,
-): void {
-  const req = request({
-    method: 'POST',
-    hostname: target.hostname,
-    port: target.port,
-    path: target.pathname,
-    agent,
-    headers: [
-      'host',
-      target.host,
-      'content-type',
-      'application/json',
-      ...headers,
-      'content-length',
-      String(Buffer.byteLength(body)),
-    ],
-  });
-  req.on('error', fail);
-  req.on('response', onResponse);
-  req.end(body);
+const pools = new Map<string, Pool>();
+
+/** A JSON POST to `target` on its kept-alive connections, with `headers` (name, value, …) besides its own. */
+function post(target: URL, body: string | Buffer, headers: string[], receiver: Receiver): void {
+  let pool = pools.get(target.origin);
+  if (!pool) {
+    pool = new Pool(target.origin, UPSTREAM_CONNECTIONS);
+    pools.set(target.origin, pool);
+  }
+  let wanted = true;
+  const handler: Dispatcher.DispatchHandler = {
+    // undici takes a handler for one of its new kind by this method: without it, a handler of the old kind.
+    onRequestStart() {},
+    onResponseStart(controller, status) {
+      if (status < 200) return;
+      wanted = receiver.start(status);
+      if (!wanted) controller.abort(new Error('not wanted'));
+    },
+    onResponseData(_controller, chunk) {
+      receiver.data(chunk);
+    },
+    onResponseEnd() {
+      receiver.end();
+    },
+    onResponseError() {
+      if (wanted) receiver.fail();
+    },
+  };
+  pool.dispatch(
+    {
+      method: 'POST',
+      path: `${target.pathname}${target.search}`,
+      headers: ['content-type', 'application/json', ...headers],
+      body,
+    },
+    handler,
+  );
 }
 
 const upstream = process.env.FLOOR_UPSTREAM ? new URL(process.env.FLOOR_UPSTREAM) : undefined;
@@ -214,17 +231,17 @@ function forward(payload: Buffer, answer: (status: number, body: Buffer) => void
     fail();
     return;
   }
-  post(
-    upstream,
-    payload,
-    [],
-    (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (chunk: Buffer) => chunks.push(chunk));
-      res.on('end', () => answer(res.statusCode ?? 502, Buffer.concat(chunks)));
+  let status = 502;
+  const chunks: Buffer[] = [];
+  post(upstream, payload, [], {
+    start(code) {
+      status = code;
+      return true;
     },
+    data: (chunk) => chunks.push(chunk),
+    end: () => answer(status, chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks)),
     fail,
-  );
+  });
 }
 
 const chatUpstream = process.env.FLOOR_CHAT_UPSTREAM
@@ -245,44 +262,41 @@ function streamFrom(
     fail();
     return;
   }
-  post(
-    chatUpstream,
-    body,
-    ['accept', 'text/event-stream'],
-    (answer) => {
-      if (answer.statusCode !== 200) {
-        answer.resume();
+  let pending = '';
+  let usage = { prompt: 0n, completion: 0n };
+  const decoder = new TextDecoder();
+  post(chatUpstream, body, ['accept', 'text/event-stream'], {
+    start(status) {
+      if (status !== 200) {
         fail();
-        return;
+        return false;
       }
       res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
-      let pending = '';
-      let usage = { prompt: 0n, completion: 0n };
-      answer.setEncoding('utf8');
-      answer.on('data', (text: string) => {
-        pending += text;
-        // The frames of one read leave in one socket write, as the server's do.
-        res.cork();
-        for (let at = pending.indexOf('\n\n'); at >= 0; at = pending.indexOf('\n\n')) {
-          const event = pending.slice(0, at);
-          pending = pending.slice(at + 2);
-          if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
-          const chunk = JSON.parse(event.slice(6)) as UpstreamChunk & { id?: string; model?: string };
-          if (chunk.usage)
-            usage = {
-              prompt: BigInt(chunk.usage.prompt_tokens ?? 0),
-              completion: BigInt(chunk.usage.completion_tokens ?? 0),
-            };
-          chunk.id = `chatcmpl-${billed.requestId}`;
-          chunk.model = billed.model;
-          res.write(`data: ${JSON.stringify(chunk)}\n\n`);
-        }
-        process.nextTick(() => res.uncork());
-      });
-      answer.on('end', () => end(usage));
+      return true;
     },
+    data(chunk) {
+      pending += decoder.decode(chunk, { stream: true });
+      // The frames of one read leave in one socket write, as the server's do.
+      res.cork();
+      for (let at = pending.indexOf('\n\n'); at >= 0; at = pending.indexOf('\n\n')) {
+        const event = pending.slice(0, at);
+        pending = pending.slice(at + 2);
+        if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
+        const chunk = JSON.parse(event.slice(6)) as UpstreamChunk & { id?: string; model?: string };
+        if (chunk.usage)
+          usage = {
+            prompt: BigInt(chunk.usage.prompt_tokens ?? 0),
+            completion: BigInt(chunk.usage.completion_tokens ?? 0),
+          };
+        chunk.id = `chatcmpl-${billed.requestId}`;
+        chunk.model = billed.model;
+        res.write(`data: ${JSON.stringify(chunk)}\n\n`);
+      }
+      process.nextTick(() => res.uncork());
+    },
+    end: () => end(usage),
     fail,
-  );
+  });
 }
 
 function reply(res: ServerResponse, status: number, body: string | Buffer): void {

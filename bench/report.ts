@@ -46,7 +46,8 @@ function measures(report: Report) {
 
 /**
  * The server against the storage floor (bench/floor.ts): what `node:http` with a request's ledger writes
- * allows on this machine, and what a bare `node:http` proxy adds. No target: context for the ratios.
+ * allows on this machine, and what a bare proxy (a `node:http` server forwarding through undici, as the
+ * server's upstream calls go) adds. No target: context for the ratios.
  */
 export function floors(report: Report): Array<{ measure: string; value: string }> {
   const { rps, added } = measures(report);
@@ -64,7 +65,7 @@ export function floors(report: Report): Array<{ measure: string; value: string }
       measure: 'chat with a key spend limit / without (SQLite)',
       value: `${fmt((rps('chatBudget') / rps('chatSqlite')) * 100, 1)}%`,
     },
-    { measure: 'bare node:http proxy added (no writes)', value: ms(added('bareProxy', 'rpcDirect')) },
+    { measure: 'bare proxy added (no writes)', value: ms(added('bareProxy', 'rpcDirect')) },
     { measure: "proxy with an RPC call's ledger writes added", value: ms(added('floorRpc', 'rpcDirect')) },
     { measure: 'RPC proxy added (the server)', value: ms(added('rpcProxy', 'rpcDirect')) },
     {
