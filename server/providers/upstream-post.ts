@@ -66,7 +66,8 @@ const DONE: IteratorResult<Uint8Array> = { done: true, value: undefined };
 class DispatchedCall implements Dispatcher.DispatchHandler, UpstreamAnswer, AsyncIterator<Uint8Array> {
   readonly answer: Promise<UpstreamAnswer>;
   status = 0;
-  readonly body: AsyncIterable<Uint8Array> = { [Symbol.asyncIterator]: () => this };
+  /** The call is its own body: an async iterator over the chunks. */
+  readonly body: AsyncIterable<Uint8Array> = this;
   private started = false;
   private settleAnswer!: { resolve(answer: UpstreamAnswer): void; reject(error: unknown): void };
   private controller: Dispatcher.DispatchController | undefined;
@@ -90,13 +91,19 @@ class DispatchedCall implements Dispatcher.DispatchHandler, UpstreamAnswer, Asyn
     });
   }
 
+  /**
+   * Ends the call now: its request is aborted (which drops its connection), or, before it reaches a
+   * connection, aborted as soon as it does (`onRequestStart`); the answer or the read under way fails.
+   */
   cancel(): void {
     if (this.ended || this.failed) return;
     const error = cancelled();
-    // Before the request reaches a connection there is nothing to abort yet: the call fails now, and its
-    // request is aborted as soon as it does.
-    if (this.controller) this.controller.abort(error);
-    else this.fail(error);
+    this.controller?.abort(error);
+    this.fail(error);
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<Uint8Array> {
+    return this;
   }
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
@@ -173,9 +180,8 @@ class DispatchedCall implements Dispatcher.DispatchHandler, UpstreamAnswer, Asyn
   release(complete: boolean): Promise<void> {
     if (this.ended || this.failed) return Promise.resolve();
     if (!complete) {
-      // What is left of the body stays unread: the request is aborted, which drops its connection.
-      this.controller?.abort(cancelled());
-      this.fail(cancelled());
+      // What is left of the body stays unread: the call is ended, which drops its connection.
+      this.cancel();
       return Promise.resolve();
     }
     // Usually only the body's last chunk marker is left; the caller's own timer bounds the wait.
