@@ -100,7 +100,9 @@ function main(): void {
         console.error(
           `generated/ is stale: ${stale.join(', ')} differ from spec/. Run \`npm run gen\` and commit.`,
         );
-        process.exit(1);
+        // Not process.exit(): that would skip the finally below and leave the scratch directory behind.
+        process.exitCode = 1;
+        return;
       }
       console.log('generated/ is up to date with spec/.');
     } finally {

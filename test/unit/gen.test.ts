@@ -1,5 +1,14 @@
 import { execFileSync } from 'node:child_process';
-import { appendFileSync, cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  appendFileSync,
+  cpSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, test } from 'vitest';
@@ -9,18 +18,26 @@ import { repoRoot } from '../support/contract.ts';
 const scratch = mkdtempSync(join(tmpdir(), 'gen-test-'));
 afterAll(() => rmSync(scratch, { recursive: true, force: true }));
 
-function check(against: string): { status: number; output: string } {
-  try {
-    const output = execFileSync(
-      process.execPath,
-      ['--import', 'tsx', join(repoRoot, 'scripts', 'gen.ts'), '--check', '--against', against],
-      { cwd: repoRoot, stdio: 'pipe' },
-    ).toString();
-    return { status: 0, output };
-  } catch (error) {
-    const e = error as { status: number; stderr: Buffer };
-    return { status: e.status, output: e.stderr.toString() };
-  }
+/** The check's own temporary directory, so that a test can see what it leaves behind there. */
+const checkTmp = join(scratch, 'tmp');
+mkdirSync(checkTmp);
+
+function check(against: string): { status: number; output: string; leftBehind: string[] } {
+  const run = (): { status: number; output: string } => {
+    try {
+      const output = execFileSync(
+        process.execPath,
+        ['--import', 'tsx', join(repoRoot, 'scripts', 'gen.ts'), '--check', '--against', against],
+        { cwd: repoRoot, stdio: 'pipe', env: { ...process.env, TMPDIR: checkTmp } },
+      ).toString();
+      return { status: 0, output };
+    } catch (error) {
+      const e = error as { status: number; stderr: Buffer };
+      return { status: e.status, output: e.stderr.toString() };
+    }
+  };
+  const result = run();
+  return { ...result, leftBehind: readdirSync(checkTmp).filter((name) => name.startsWith('gen-check-')) };
 }
 
 describe('quoteHexScalars', () => {
@@ -75,6 +92,8 @@ describe('the drift gate (npm run check:generated)', () => {
     const stale = check(copy);
     expect(stale.status).toBe(1);
     expect(stale.output).toContain('api.d.ts');
+    // A failed check removes its scratch copy too (process.exit() in it once skipped the clean-up).
+    expect(stale.leftBehind).toEqual([]);
 
     rmSync(join(copy, 'openapi.yaml'));
     expect(check(copy).output).toContain('openapi.yaml');
