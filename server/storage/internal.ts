@@ -269,18 +269,36 @@ export function preparedName(text: string): string | undefined {
 export function compiledOnce<Row, A extends unknown[]>(
   build: (...values: A) => Compilable<Row>,
 ): (runner: StatementRunner, ...values: A) => Promise<Row[]> {
+  const run = compiledOnceResult(build);
+  return (runner, ...values) => run(runner, ...values).then(rowsOf);
+}
+
+const rowsOf = <Row>(result: QueryResult<Row>): Row[] => result.rows;
+
+/**
+ * `compiledOnce` answering the whole result: for a statement without RETURNING, what it changed
+ * (`numAffectedRows`) and, for an insert on SQLite, the last rowid it gave (`insertId`).
+ */
+export function compiledOnceResult<Row, A extends unknown[]>(
+  build: (...values: A) => Compilable<Row>,
+): (runner: StatementRunner, ...values: A) => Promise<QueryResult<Row>> {
   let template: { compiled: CompiledQuery<Row>; slots: (number | undefined)[] } | undefined;
-  return async (runner, ...values) => {
+  return (runner, ...values) => {
     if (!template) {
       const standIns = values.map((_, index) => ({ standIn: index }));
-      const compiled = prepared(build(...(standIns as unknown as A)).compile());
-      const slots = compiled.parameters.map((parameter) => {
-        const index = standIns.indexOf(parameter as { standIn: number });
-        return index < 0 ? undefined : index;
-      });
-      if (standIns.some((_, index) => !slots.includes(index)))
-        throw new Error(`compiledOnce: a value was not compiled to a parameter in ${compiled.sql}`);
-      template = { compiled, slots };
+      // A builder that fails rejects the call, as the statement's own failure does.
+      try {
+        const compiled = prepared(build(...(standIns as unknown as A)).compile());
+        const slots = compiled.parameters.map((parameter) => {
+          const index = standIns.indexOf(parameter as { standIn: number });
+          return index < 0 ? undefined : index;
+        });
+        if (standIns.some((_, index) => !slots.includes(index)))
+          throw new Error(`compiledOnce: a value was not compiled to a parameter in ${compiled.sql}`);
+        template = { compiled, slots };
+      } catch (error) {
+        return Promise.reject(error);
+      }
     }
     const { compiled, slots } = template;
     const parameters = compiled.parameters.map((fixed, i) => {
@@ -294,6 +312,6 @@ export function compiledOnce<Row, A extends unknown[]>(
       sql: compiled.sql,
       parameters,
     };
-    return (await runner.executeQuery<Row>(query)).rows;
+    return runner.executeQuery<Row>(query);
   };
 }

@@ -23,7 +23,7 @@
  * `api_key_spend_days` equals the sum of its key's CHARGE and REFUND entries of that UTC day and currency,
  * written in their transaction (or their statement): a key's spend limit reads those rows, not the entries.
  */
-import type { Insertable, Kysely, Selectable, Transaction } from 'kysely';
+import type { Insertable, Kysely, QueryResult, Selectable, Transaction } from 'kysely';
 import { type RawBuilder, sql } from 'kysely';
 import { extend } from '../objects.ts';
 import type { Database } from './database.ts';
@@ -42,6 +42,7 @@ import { EAGER } from './group-commit.ts';
 import {
   assertAmount,
   compiledOnce,
+  compiledOnceResult,
   DAY_MS,
   type EmbeddedWrite,
   epochDayOf,
@@ -255,6 +256,20 @@ const CLAIMED_COLUMNS = [
   'epoch_day',
 ] as const;
 type ClaimedReservation = Pick<Selectable<ReservationsTable>, (typeof CLAIMED_COLUMNS)[number]>;
+
+/** A reservation's claimed columns as the caller's reservation has them (a claim that proved them equal). */
+function claimedAs(reservation: Reservation): ClaimedReservation {
+  return {
+    id: reservation.id,
+    account_id: reservation.accountId,
+    api_key_id: reservation.apiKeyId,
+    request_id: reservation.requestId,
+    model_id: reservation.modelId,
+    usd_nano: reservation.usdNano,
+    diem_nano: reservation.diemNano,
+    epoch_day: reservation.epochDay,
+  };
+}
 type NewEntry = Required<Insertable<LedgerEntriesTable>>;
 
 /** A one-statement capture that did not capture, and wrote nothing (see captureAtOnce). */
@@ -533,6 +548,41 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       .where('status', '=', 'held')
       .returning(CLAIMED_COLUMNS),
   );
+  /**
+   * captureWith's claim on SQLite: held, and with the figures the caller's reservation has, proved by the
+   * statement itself (what it changed), so nothing is read back (RETURNING costs SQLite an ephemeral table
+   * per statement).
+   */
+  const claimAsStored = compiledOnceResult(
+    (
+      settledAtMs: number,
+      reservationId: string,
+      accountId: string,
+      usdNano: bigint,
+      diemNano: bigint,
+      epochDay: number,
+    ) =>
+      db
+        .updateTable('reservations')
+        .set({ status: 'captured', settled_at_ms: settledAtMs })
+        .where('id', '=', reservationId)
+        .where('status', '=', 'held')
+        .where('account_id', '=', accountId)
+        .where('usd_nano', '=', usdNano)
+        .where('diem_nano', '=', diemNano)
+        .where('epoch_day', '=', epochDay),
+  );
+  /** The account's USD figures settled, and its balances after: for a reservation already claimed. */
+  const settleClaimedAccount = compiledOnce((chargedNano: bigint, releasedNano: bigint, accountId: string) =>
+    db
+      .updateTable('accounts')
+      .set((eb) => ({
+        usd_balance_nano: eb('usd_balance_nano', '-', chargedNano),
+        usd_reserved_nano: eb('usd_reserved_nano', '-', releasedNano),
+      }))
+      .where('id', '=', accountId)
+      .returning(['usd_balance_nano', 'diem_stake_nano']),
+  );
   const settleAccount = compiledOnce((chargedNano: bigint, releasedNano: bigint, accountId: string) =>
     db
       .updateTable('accounts')
@@ -666,15 +716,27 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     return { usdNano, diemNano };
   }
 
-  /** The multi-row INSERT of ledger entries, compiled once per shape (columns and row count; a handful). */
-  const entryInserts = new Map<string, (runner: Executor, ...values: unknown[]) => Promise<unknown[]>>();
-  async function insertEntryRows(trx: Transaction<Tables>, entries: NewEntry[]) {
+  /**
+   * The multi-row INSERT of ledger entries, compiled once per shape (columns and row count; a handful); the
+   * `seq` each entry was given. Both engines number the rows of a multi-row VALUES in list order. On SQLite
+   * they are numbered one after the other (one writer at a time, AUTOINCREMENT), so the last one given
+   * (`insertId`) tells them all and nothing is read back (RETURNING costs SQLite an ephemeral table per
+   * statement); PostgreSQL's sequence may be shared with other writers, so it returns them.
+   */
+  const entryInserts = new Map<
+    string,
+    (runner: Executor, ...values: unknown[]) => Promise<QueryResult<unknown>>
+  >();
+  async function insertEntryRows(
+    trx: Transaction<Tables>,
+    entries: NewEntry[],
+  ): Promise<Array<{ id: string; seq: bigint | number }>> {
     const columns = Object.keys(entries[0] as NewEntry) as (keyof NewEntry)[];
     const shape = `${entries.length}:${columns.join(',')}`;
     let insert = entryInserts.get(shape);
     if (!insert) {
-      insert = compiledOnce((...values: unknown[]) =>
-        db
+      insert = compiledOnceResult((...values: unknown[]) => {
+        const query = db
           .insertInto('ledger_entries')
           .values(
             entries.map(
@@ -683,14 +745,20 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
                   columns.map((column, i) => [column, values[row * columns.length + i]]),
                 ) as NewEntry,
             ),
-          )
-          // Only what the database assigns, with the id to pair it to its entry: the rest is `entries`.
-          .returning(['id', 'seq']),
-      ) as (runner: Executor, ...values: unknown[]) => Promise<unknown[]>;
+          );
+        // Only what the database assigns, with the id to pair it to its entry: the rest is `entries`.
+        return dialect === 'sqlite' ? query : query.returning(['id', 'seq']);
+      }) as (runner: Executor, ...values: unknown[]) => Promise<QueryResult<unknown>>;
       if (entryInserts.size < 64) entryInserts.set(shape, insert);
     }
     const values = entries.flatMap((entry) => columns.map((column) => entry[column]));
-    return (await insert(trx, ...values)) as Array<Pick<Selectable<LedgerEntriesTable>, 'id' | 'seq'>>;
+    const result = await insert(trx, ...values);
+    if (dialect !== 'sqlite') return result.rows as Array<{ id: string; seq: bigint | number }>;
+    const last = result.insertId;
+    if (last === undefined || result.numAffectedRows !== BigInt(entries.length))
+      throw new StorageError('STORAGE_FAILURE', 'Ledger entries were not written');
+    const first = last - BigInt(entries.length - 1);
+    return entries.map((entry, i) => ({ id: entry.id, seq: first + BigInt(i) }));
   }
 
   async function insertEntries(trx: Transaction<Tables>, entries: Array<NewEntry>): Promise<LedgerEntry[]> {
@@ -1070,16 +1138,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     at: number,
     alongside?: EmbeddedWrite,
   ): Promise<LedgerEntry[]> {
-    const claimed: ClaimedReservation = {
-      id: reservation.id,
-      account_id: reservation.accountId,
-      api_key_id: reservation.apiKeyId,
-      request_id: reservation.requestId,
-      model_id: reservation.modelId,
-      usd_nano: reservation.usdNano,
-      diem_nano: reservation.diemNano,
-      epoch_day: reservation.epochDay,
-    };
+    const claimed = claimedAs(reservation);
     // The balances after each entry as offsets from the balance before the capture, which the statement reads.
     const entries = chargeEntries(
       claimed,
@@ -1260,6 +1319,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       .where('id', '=', reservationId)
       .executeTakeFirst();
     if (!current) throw new NotFoundError('reservation', reservationId);
+    // Still held, so the claim's figures were not the stored ones (captureWith's caller passed others).
+    if (current.status === 'held')
+      throw new StorageError('STORAGE_FAILURE', 'The reservation does not match its stored figures');
     throw new ReservationStateError(reservationId, current.status);
   }
 
@@ -1730,10 +1792,30 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
           if (!(error instanceof NotAtOnce)) throw error;
         }
       }
+      const settlesUsd = usdCharged > 0n || reservation.usdNano > 0n;
       return database.transaction(async (trx) => {
-        // The account row first, as every writer locks it: here by the update that settles the USD figures.
-        const [account] =
-          usdCharged > 0n || reservation.usdNano > 0n
+        let account: { usd_balance_nano: bigint; diem_stake_nano: bigint } | undefined;
+        let row: ClaimedReservation | undefined;
+        if (dialect === 'sqlite') {
+          // One writer at a time: the claim comes first and proves the figures by what it changed.
+          const claim = await claimAsStored(
+            trx,
+            at,
+            reservation.id,
+            reservation.accountId,
+            reservation.usdNano,
+            reservation.diemNano,
+            reservation.epochDay,
+          );
+          if (claim.numAffectedRows !== 1n) return refuseClaim(trx, reservation.id);
+          row = claimedAs(reservation);
+          [account] = settlesUsd
+            ? await settleClaimedAccount(trx, usdCharged, reservation.usdNano, reservation.accountId)
+            : [await lockAccount(trx, reservation.accountId)];
+          if (!account) throw new NotFoundError('account', reservation.accountId);
+        } else {
+          // The account row first, as every writer locks it: here by the update that settles the USD figures.
+          [account] = settlesUsd
             ? await settleAccountReturning(
                 trx,
                 usdCharged,
@@ -1742,15 +1824,16 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
                 reservation.id,
               )
             : [await lockAccount(trx, reservation.accountId)];
-        const [row] = account ? await claimReservation(trx, at, reservation.id) : [];
-        if (!account || !row) return refuseClaim(trx, reservation.id);
-        if (
-          row.account_id !== reservation.accountId ||
-          row.usd_nano !== reservation.usdNano ||
-          row.diem_nano !== reservation.diemNano ||
-          toNumber(row.epoch_day) !== reservation.epochDay
-        ) {
-          throw new StorageError('STORAGE_FAILURE', 'The reservation does not match its stored figures');
+          [row] = account ? await claimReservation(trx, at, reservation.id) : [];
+          if (!account || !row) return refuseClaim(trx, reservation.id);
+          if (
+            row.account_id !== reservation.accountId ||
+            row.usd_nano !== reservation.usdNano ||
+            row.diem_nano !== reservation.diemNano ||
+            toNumber(row.epoch_day) !== reservation.epochDay
+          ) {
+            throw new StorageError('STORAGE_FAILURE', 'The reservation does not match its stored figures');
+          }
         }
         const entries = await writeCharges(
           trx,
