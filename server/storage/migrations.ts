@@ -17,6 +17,69 @@ function inList(column: string, values: readonly string[]) {
   return sql`${sql.ref(column)} in (${sql.join(values.map((value) => sql.lit(value)))})`;
 }
 
+/**
+ * `ledger_entries` under `name`: as `0001_core` made it (`original`: AUTOINCREMENT on SQLite, and the payment
+ * of a top-up unique as a table constraint), or as `0020_ledger_entries_lean` makes it again (neither).
+ */
+function ledgerEntriesTable(db: Kysely<unknown>, name: string, dialect: Dialect, original: boolean) {
+  const serial = dialect === 'postgres' ? 'bigserial' : 'integer';
+  let table = db.schema
+    .createTable(name)
+    .addColumn('seq', serial, (c) =>
+      dialect === 'postgres' || !original ? c.primaryKey() : c.primaryKey().autoIncrement(),
+    )
+    .addColumn('id', 'text', (c) => c.notNull().unique())
+    .addColumn('account_id', 'text', (c) => c.notNull().references('accounts.id'))
+    .addColumn('api_key_id', 'text', (c) => c.references('api_keys.id'))
+    .addColumn('reservation_id', 'text', (c) => c.references('reservations.id'))
+    .addColumn('type', 'text', (c) => c.notNull().check(inList('type', ['TOP_UP', 'CHARGE', 'REFUND'])))
+    .addColumn('currency', 'text', (c) => c.notNull().check(inList('currency', ['USD', 'DIEM'])))
+    .addColumn('amount_nano', 'bigint', (c) => c.notNull())
+    .addColumn('balance_after_nano', 'bigint', (c) => c.notNull())
+    .addColumn('request_id', 'text')
+    .addColumn('model_id', 'text')
+    .addColumn('sku', 'text')
+    .addColumn('units', 'text')
+    .addColumn('unit_price_nano', 'text')
+    .addColumn('details', 'text')
+    .addColumn('network', 'text')
+    .addColumn('tx_hash', 'text')
+    .addColumn('created_at_ms', 'bigint', (c) => c.notNull());
+  // A payment is credited once: NULLs are distinct on both engines, so entries without one are free.
+  if (original) table = table.addUniqueConstraint('ledger_entries_payment_unique', ['network', 'tx_hash']);
+  return table.addCheckConstraint(
+    'ledger_entries_sign',
+    sql`(type = 'CHARGE' and amount_nano <= 0) or (type <> 'CHARGE' and amount_nano >= 0)`,
+  );
+}
+
+/** The indexes of `ledger_entries` but the payment's (see ledgerEntriesLean). */
+async function ledgerEntriesIndexes(db: Kysely<unknown>) {
+  await db.schema
+    .createIndex('ledger_entries_account_seq_idx')
+    .on('ledger_entries')
+    .columns(['account_id', 'seq'])
+    .execute();
+  await db.schema
+    .createIndex('ledger_entries_key_time_idx')
+    .on('ledger_entries')
+    .columns(['api_key_id', 'created_at_ms'])
+    .execute();
+  await db.schema
+    .createIndex('ledger_entries_request_idx')
+    .on('ledger_entries')
+    .columns(['account_id', 'request_id'])
+    .execute();
+  // A request is refunded once per currency, whatever the callers race.
+  await db.schema
+    .createIndex('ledger_entries_refund_once_idx')
+    .on('ledger_entries')
+    .columns(['account_id', 'request_id', 'currency'])
+    .unique()
+    .where(sql.ref('type'), '=', 'REFUND')
+    .execute();
+}
+
 function core(dialect: Dialect): Migration {
   const serial = dialect === 'postgres' ? 'bigserial' : 'integer';
   return {
@@ -115,58 +178,8 @@ function core(dialect: Dialect): Migration {
         .columns(['account_id', 'request_id'])
         .execute();
 
-      await db.schema
-        .createTable('ledger_entries')
-        .addColumn('seq', serial, (c) =>
-          dialect === 'postgres' ? c.primaryKey() : c.primaryKey().autoIncrement(),
-        )
-        .addColumn('id', 'text', (c) => c.notNull().unique())
-        .addColumn('account_id', 'text', (c) => c.notNull().references('accounts.id'))
-        .addColumn('api_key_id', 'text', (c) => c.references('api_keys.id'))
-        .addColumn('reservation_id', 'text', (c) => c.references('reservations.id'))
-        .addColumn('type', 'text', (c) => c.notNull().check(inList('type', ['TOP_UP', 'CHARGE', 'REFUND'])))
-        .addColumn('currency', 'text', (c) => c.notNull().check(inList('currency', ['USD', 'DIEM'])))
-        .addColumn('amount_nano', 'bigint', (c) => c.notNull())
-        .addColumn('balance_after_nano', 'bigint', (c) => c.notNull())
-        .addColumn('request_id', 'text')
-        .addColumn('model_id', 'text')
-        .addColumn('sku', 'text')
-        .addColumn('units', 'text')
-        .addColumn('unit_price_nano', 'text')
-        .addColumn('details', 'text')
-        .addColumn('network', 'text')
-        .addColumn('tx_hash', 'text')
-        .addColumn('created_at_ms', 'bigint', (c) => c.notNull())
-        // A payment is credited once: NULLs are distinct on both engines, so entries without one are free.
-        .addUniqueConstraint('ledger_entries_payment_unique', ['network', 'tx_hash'])
-        .addCheckConstraint(
-          'ledger_entries_sign',
-          sql`(type = 'CHARGE' and amount_nano <= 0) or (type <> 'CHARGE' and amount_nano >= 0)`,
-        )
-        .execute();
-      await db.schema
-        .createIndex('ledger_entries_account_seq_idx')
-        .on('ledger_entries')
-        .columns(['account_id', 'seq'])
-        .execute();
-      await db.schema
-        .createIndex('ledger_entries_key_time_idx')
-        .on('ledger_entries')
-        .columns(['api_key_id', 'created_at_ms'])
-        .execute();
-      await db.schema
-        .createIndex('ledger_entries_request_idx')
-        .on('ledger_entries')
-        .columns(['account_id', 'request_id'])
-        .execute();
-      // A request is refunded once per currency, whatever the callers race.
-      await db.schema
-        .createIndex('ledger_entries_refund_once_idx')
-        .on('ledger_entries')
-        .columns(['account_id', 'request_id', 'currency'])
-        .unique()
-        .where(sql.ref('type'), '=', 'REFUND')
-        .execute();
+      await ledgerEntriesTable(db, 'ledger_entries', dialect, true).execute();
+      await ledgerEntriesIndexes(db);
 
       await db.schema
         .createTable('rate_limit_counters')
@@ -404,6 +417,74 @@ function rpcCreditHours(): Migration {
   };
 }
 
+/** A top-up's payment is credited once: unique among the entries that have one (all others have NULLs). */
+const paymentIndex = (db: Kysely<unknown>) =>
+  db.schema
+    .createIndex('ledger_entries_payment_unique')
+    .on('ledger_entries')
+    .columns(['network', 'tx_hash'])
+    .unique()
+    .where(sql.ref('tx_hash'), 'is not', null);
+
+/** The columns of `ledger_entries`, in the table's order. */
+const LEDGER_ENTRY_COLUMNS = sql.join(
+  [
+    'seq',
+    'id',
+    'account_id',
+    'api_key_id',
+    'reservation_id',
+    'type',
+    'currency',
+    'amount_nano',
+    'balance_after_nano',
+    'request_id',
+    'model_id',
+    'sku',
+    'units',
+    'unit_price_nano',
+    'details',
+    'network',
+    'tx_hash',
+    'created_at_ms',
+  ].map((column) => sql.ref(column)),
+);
+
+/**
+ * What every ledger entry wrote for nothing (migration 0020_ledger_entries_lean). Charges, refunds and card
+ * top-ups have no payment, yet each had a row in the payment's unique index (NULLs are distinct, so the row
+ * was all they cost), and on SQLite AUTOINCREMENT updated `sqlite_sequence` for each: two B-tree pages a
+ * capture wrote, about 11 µs of its 100 on SQLite (bench/HISTORY.md, eighteenth round). The payment's index
+ * is now partial (`where tx_hash is not null`, which the lookup by network and hash implies, so both engines
+ * still use it). Without AUTOINCREMENT SQLite numbers a row one above the largest `seq`, which stays
+ * ascending because no entry is ever deleted.
+ *
+ * PostgreSQL drops the constraint and makes the index. SQLite changes neither a table constraint nor
+ * AUTOINCREMENT in place: the table is made again under a new name, filled with every entry as it is (`seq`
+ * included), the old one dropped and the new one renamed (https://sqlite.org/lang_altertable.html#otheralter;
+ * no table refers to this one), in one transaction.
+ */
+function ledgerEntriesLean(dialect: Dialect): Migration {
+  return {
+    async up(db: Kysely<unknown>) {
+      if (dialect === 'postgres') {
+        await sql`alter table ledger_entries drop constraint ledger_entries_payment_unique`.execute(db);
+        await paymentIndex(db).execute();
+        return;
+      }
+      await db.transaction().execute(async (trx) => {
+        await ledgerEntriesTable(trx, 'ledger_entries_lean', dialect, false).execute();
+        await sql`insert into ledger_entries_lean (${LEDGER_ENTRY_COLUMNS})
+          select ${LEDGER_ENTRY_COLUMNS} from ledger_entries`.execute(trx);
+        await trx.schema.dropTable('ledger_entries').execute();
+        await sql`alter table ledger_entries_lean rename to ledger_entries`.execute(trx);
+        await ledgerEntriesIndexes(trx);
+        await paymentIndex(trx).execute();
+      });
+    },
+  };
+}
+
 /** Every migration, by name; names sort in the order they run. */
 export function storageMigrations(dialect: Dialect): Record<string, Migration> {
   return {
@@ -415,6 +496,7 @@ export function storageMigrations(dialect: Dialect): Record<string, Migration> {
     '0017_hot_path_indexes': hotPathIndexes(),
     '0018_key_spend_days': keySpendDays(),
     '0019_rpc_credit_hours': rpcCreditHours(),
+    '0020_ledger_entries_lean': ledgerEntriesLean(dialect),
   };
 }
 

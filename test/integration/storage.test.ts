@@ -323,7 +323,12 @@ describe.each(engines)('storage on %s', (engine, open) => {
         });
         await oldLedger.capture(captured.reservation.id, { items: [{ sku: 's', amountNano: 4n }] });
         expect(await migrate(upgraded)).toEqual({
-          applied: ['0017_hot_path_indexes', '0018_key_spend_days', '0019_rpc_credit_hours'],
+          applied: [
+            '0017_hot_path_indexes',
+            '0018_key_spend_days',
+            '0019_rpc_credit_hours',
+            '0020_ledger_entries_lean',
+          ],
         });
         expect(await createLedger(upgraded, clock).expireReservations(T0 + 1)).toBe(1);
         expect((await oldLedger.getReservation(expiring.reservation.id)).status).toBe('expired');
@@ -367,7 +372,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
           ])
           .execute();
         expect(await migrate(upgraded)).toEqual({
-          applied: ['0018_key_spend_days', '0019_rpc_credit_hours'],
+          applied: ['0018_key_spend_days', '0019_rpc_credit_hours', '0020_ledger_entries_lean'],
         });
         expect(await keySpendDays(account.id, upgraded.db)).toEqual(
           await keySpendFromEntries(account.id, upgraded.db),
@@ -397,7 +402,9 @@ describe.each(engines)('storage on %s', (engine, open) => {
           .insertInto('rpc_credit_usage')
           .values(buckets.map(([subject, bucket_ms, credits]) => ({ subject, bucket_ms, credits })))
           .execute();
-        expect(await migrate(upgraded)).toEqual({ applied: ['0019_rpc_credit_hours'] });
+        expect(await migrate(upgraded)).toEqual({
+          applied: ['0019_rpc_credit_hours', '0020_ledger_entries_lean'],
+        });
         const hours = await upgraded.db
           .selectFrom('rpc_credit_hours')
           .select(['subject', 'hour_ms', 'credits'])
@@ -417,6 +424,107 @@ describe.each(engines)('storage on %s', (engine, open) => {
         expect(await credits.used('a', at + minute)).toBe(7 + 11 + 13 + 17);
         expect(await credits.used('b', at)).toBe(19);
       });
+    });
+
+    test('behavior: 0020_ledger_entries_lean keeps every entry and its seq; payments stay credited once, new entries number on', async () => {
+      await atMigration('0019_rpc_credit_hours', 'lean', async (upgraded) => {
+        const before = createLedger(upgraded, clock);
+        const account = await createAccounts(upgraded, clock).createApiAccount();
+        const payment = { network: 'eip155:8453', txHash: `0x${'ef'.repeat(32)}` };
+        await before.topUp({ accountId: account.id, amountNano: 10n * USD, ...payment });
+        await before.topUp({ accountId: account.id, amountNano: USD });
+        const held = await before.reserve({
+          accountId: account.id,
+          amountNano: USD,
+          requestId: 'r',
+          ttlMs: 60_000,
+        });
+        await before.capture(held.reservation.id, { items: [{ sku: 's', amountNano: USD / 4n }] });
+        const entries = async () =>
+          (
+            await upgraded.db
+              .selectFrom('ledger_entries')
+              .selectAll()
+              .where('account_id', '=', account.id)
+              .orderBy('seq')
+              .execute()
+          ).map((row) => ({ ...row, seq: BigInt(row.seq) }));
+        const written = await entries();
+        expect(written).toHaveLength(3);
+
+        expect(await migrate(upgraded)).toEqual({ applied: ['0020_ledger_entries_lean'] });
+        expect(await entries()).toEqual(written);
+        if (engine === 'sqlite') {
+          const { rows } = await sql<{ sql: string }>`select sql from sqlite_master
+            where type = 'table' and name = 'ledger_entries'`.execute(upgraded.db);
+          expect(rows[0]?.sql.toLowerCase()).not.toContain('autoincrement');
+        }
+        const after = createLedger(upgraded, clock);
+        // The same payment again is not credited twice, by the ledger's lookup or by the index itself.
+        expect(
+          (await after.topUp({ accountId: account.id, amountNano: 10n * USD, ...payment })).credited,
+        ).toBe(false);
+        const duplicate = upgraded.db
+          .insertInto('ledger_entries')
+          .values({
+            id: randomUUID(),
+            account_id: account.id,
+            type: 'TOP_UP',
+            currency: 'USD',
+            amount_nano: 1n,
+            balance_after_nano: 0n,
+            network: payment.network,
+            tx_hash: payment.txHash,
+            created_at_ms: T0,
+          })
+          .execute();
+        await expect(duplicate).rejects.toThrow(/unique|duplicate/i);
+        // New entries take seqs above the old ones, in order, and what the ledger returns is what it stored.
+        const next = await after.reserve({
+          accountId: account.id,
+          amountNano: USD,
+          requestId: 's',
+          ttlMs: 60_000,
+        });
+        const { entries: charged } = await after.capture(next.reservation.id, {
+          items: [
+            { sku: 'a', amountNano: USD / 8n },
+            { sku: 'b', amountNano: USD / 8n },
+          ],
+        });
+        const stored = await entries();
+        expect(stored.slice(0, 3)).toEqual(written);
+        expect(stored.slice(3).map((row) => [row.id, row.seq])).toEqual(
+          charged.map((entry) => [entry.id, BigInt(entry.seq)]),
+        );
+        expect(stored[3]?.seq).toBeGreaterThan(written[2]?.seq ?? Number.MAX_SAFE_INTEGER);
+        expect(stored[4]?.seq).toBe((stored[3]?.seq ?? 0n) + 1n);
+        expect((await after.getBalance(account.id)).usdNano).toBe(11n * USD - USD / 4n - USD / 4n);
+      });
+    });
+
+    test('behavior: a payment is looked up through its partial unique index', async () => {
+      const text = 'select * from "ledger_entries" where "network" = ? and "tx_hash" = ?';
+      const plan =
+        engine === 'sqlite'
+          ? dump(
+              (await database.db.executeQuery(CompiledQuery.raw(`explain query plan ${text}`, ['n', 'h'])))
+                .rows,
+            )
+          : await database.db.transaction().execute(async (trx) => {
+              await sql`set local enable_seqscan = off`.execute(trx);
+              return dump(
+                (
+                  await trx.executeQuery(
+                    CompiledQuery.raw(`explain ${text.replace('= ?', '= $1').replace('= ?', '= $2')}`, [
+                      'n',
+                      'h',
+                    ]),
+                  )
+                ).rows,
+              );
+            });
+      expect(plan).toContain('ledger_entries_payment_unique');
     });
 
     test('behavior: ping answers and the database enforces its constraints', async () => {
