@@ -93,7 +93,7 @@ const statements = {
        where id = ? returning usd_balance_nano`,
   ),
   settle: db.prepare(
-    `update reservations set status = 'captured', settled_at_ms = ? where id = ? and status = 'held' returning *`,
+    `update reservations set status = 'captured', settled_at_ms = ? where id = ? and status = 'held'`,
   ),
   entry: db.prepare(
     `insert into ledger_entries (id, account_id, api_key_id, reservation_id, type, currency, amount_nano,
@@ -136,7 +136,7 @@ function capture(
   const at = BigInt(Date.now());
   const cost = parts.reduce((sum, p) => sum + p.units * p.priceNano, 0n);
   const [row] = statements.charge.all(cost, RESERVE_NANO, key.account_id) as [{ usd_balance_nano: bigint }];
-  statements.settle.all(at, billed.reservationId);
+  if (statements.settle.run(at, billed.reservationId).changes !== 1) throw new Error('reservation not held');
   for (const part of parts) {
     statements.entry.run(
       randomUUID(),
