@@ -719,9 +719,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   /**
    * The multi-row INSERT of ledger entries, compiled once per shape (columns and row count; a handful); the
    * `seq` each entry was given. Both engines number the rows of a multi-row VALUES in list order. On SQLite
-   * they are numbered one after the other (one writer at a time, each row one above the largest `seq`), so the
-   * last one given (`insertId`) tells them all and nothing is read back (RETURNING costs SQLite an ephemeral table per
-   * statement); PostgreSQL's sequence may be shared with other writers, so it returns them.
+   * they are numbered one after the other (one writer at a time, each row one above the largest `seq`), so
+   * the last one given (`insertId`) tells them all and nothing is read back (RETURNING costs SQLite an
+   * ephemeral table per statement); PostgreSQL's sequence may be shared with other writers: it returns them.
    */
   const entryInserts = new Map<
     string,
