@@ -1757,11 +1757,14 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     /**
      * `capture` of a reservation as `reserve` returned it, with the caller's own statements (`within`, run
      * last) in the same transaction. Knowing the reservation's figures saves the statements that look them up:
-     * the account row is locked by the update that settles it (its RETURNING gives the balance the entries
-     * record; it skips a reservation already seen settled), then the conditional claim proves the reservation
-     * was still held with exactly those figures; otherwise it throws (ReservationStateError when it is not
-     * held; on PostgreSQL a sweep settling it at that very moment may instead surface as the accounts CHECK
-     * refusing the update) and the transaction undoes everything.
+     * on PostgreSQL the account row is locked by the update that settles it (its RETURNING gives the balance
+     * the entries record; it skips a reservation already seen settled), then the conditional claim proves the
+     * reservation was still held with exactly those figures. On SQLite (one writer at a time, no row locks to
+     * order) the claim comes first, with the figures in its WHERE, and proves them by what it changed; then the
+     * update settles the account and gives the balance. Otherwise it throws (ReservationStateError when it is
+     * not held, StorageError when it is held with other figures; on PostgreSQL a sweep settling it at that very
+     * moment may instead surface as the accounts CHECK refusing the update) and the transaction undoes
+     * everything.
      * Same split (DIEM first, then USD, item by item), entries and result as `capture`. On PostgreSQL a
      * reservation of USD only is captured by one statement (captureAtOnce), `within` included when it comes as
      * a write that statement can make (`within.embedded`), else run after it in one transaction; only what that

@@ -5,8 +5,9 @@
  * Migrator holds an advisory lock, on SQLite the single connection does.
  *
  * Conventions: money is BIGINT nano-USD, times are BIGINT epoch milliseconds (`*_at_ms`), booleans are
- * INTEGER 0/1, enums are TEXT with a CHECK. The same statements run on both engines; the only dialect switch
- * is the auto-increment column type.
+ * INTEGER 0/1, enums are TEXT with a CHECK. The same statements run on both engines; the dialect switches are
+ * the auto-increment column type and, where SQLite cannot change a table in place, making it again
+ * (0020_ledger_entries_lean).
  */
 import { type Kysely, type Migration, type MigrationResultSet, Migrator, sql } from 'kysely';
 import type { Database, Dialect } from './database.ts';
