@@ -75,6 +75,8 @@ class DispatchedCall implements Dispatcher.DispatchHandler, UpstreamAnswer, Asyn
   /** Chunks given and not read yet; once released whole, chunks are dropped. */
   private held: Uint8Array[] = [];
   private released = false;
+  /** The connection paused because HELD_CHUNKS are held (resumed once the reader or `release` takes them). */
+  private paused = false;
   /** The read waiting for a chunk, the end or an error. */
   private reading:
     | { resolve(result: IteratorResult<Uint8Array>): void; reject(error: unknown): void }
@@ -133,7 +135,16 @@ class DispatchedCall implements Dispatcher.DispatchHandler, UpstreamAnswer, Asyn
       return;
     }
     this.held.push(chunk);
-    if (this.held.length >= HELD_CHUNKS) controller.pause();
+    if (this.held.length >= HELD_CHUNKS && !this.paused) {
+      this.paused = true;
+      controller.pause();
+    }
+  }
+
+  private resume(): void {
+    if (!this.paused) return;
+    this.paused = false;
+    this.controller?.resume();
   }
 
   onResponseEnd(): void {
@@ -167,7 +178,7 @@ class DispatchedCall implements Dispatcher.DispatchHandler, UpstreamAnswer, Asyn
   next(): Promise<IteratorResult<Uint8Array>> {
     const chunk = this.held.shift();
     if (chunk) {
-      if (this.held.length === 0) this.controller?.resume();
+      if (this.held.length === 0) this.resume();
       return Promise.resolve({ done: false, value: chunk });
     }
     if (this.failed) return Promise.reject(this.failure);
@@ -187,7 +198,7 @@ class DispatchedCall implements Dispatcher.DispatchHandler, UpstreamAnswer, Asyn
     // Usually only the body's last chunk marker is left; the caller's own timer bounds the wait.
     this.released = true;
     this.held.length = 0;
-    this.controller?.resume();
+    this.resume();
     return new Promise<void>((settle) => {
       this.over = settle;
     });

@@ -257,6 +257,10 @@ const CLAIMED_COLUMNS = [
 ] as const;
 type ClaimedReservation = Pick<Selectable<ReservationsTable>, (typeof CLAIMED_COLUMNS)[number]>;
 
+/** captureWith was given a reservation whose figures are not the stored ones. */
+const notAsStored = () =>
+  new StorageError('STORAGE_FAILURE', 'The reservation does not match its stored figures');
+
 /** A reservation's claimed columns as the caller's reservation has them (a claim that proved them equal). */
 function claimedAs(reservation: Reservation): ClaimedReservation {
   return {
@@ -572,26 +576,20 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
         .where('diem_nano', '=', diemNano)
         .where('epoch_day', '=', epochDay),
   );
-  /** The account's USD figures settled, and its balances after: for a reservation already claimed. */
+  /** A capture's USD settlement of the account: `chargedNano` off the balance, the hold released. */
+  const settleUsd = (chargedNano: bigint, releasedNano: bigint, accountId: string) =>
+    db
+      .updateTable('accounts')
+      .set((eb) => ({
+        usd_balance_nano: eb('usd_balance_nano', '-', chargedNano),
+        usd_reserved_nano: eb('usd_reserved_nano', '-', releasedNano),
+      }))
+      .where('id', '=', accountId);
+  /** settleUsd, with the balances after: for a reservation already claimed. */
   const settleClaimedAccount = compiledOnce((chargedNano: bigint, releasedNano: bigint, accountId: string) =>
-    db
-      .updateTable('accounts')
-      .set((eb) => ({
-        usd_balance_nano: eb('usd_balance_nano', '-', chargedNano),
-        usd_reserved_nano: eb('usd_reserved_nano', '-', releasedNano),
-      }))
-      .where('id', '=', accountId)
-      .returning(['usd_balance_nano', 'diem_stake_nano']),
+    settleUsd(chargedNano, releasedNano, accountId).returning(['usd_balance_nano', 'diem_stake_nano']),
   );
-  const settleAccount = compiledOnce((chargedNano: bigint, releasedNano: bigint, accountId: string) =>
-    db
-      .updateTable('accounts')
-      .set((eb) => ({
-        usd_balance_nano: eb('usd_balance_nano', '-', chargedNano),
-        usd_reserved_nano: eb('usd_reserved_nano', '-', releasedNano),
-      }))
-      .where('id', '=', accountId),
-  );
+  const settleAccount = compiledOnce(settleUsd);
 
   const selectBalance = compiledOnce((epochDay: number, accountId: string) =>
     db
@@ -1210,13 +1208,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   // The statements of reserveWith / captureWith (appended; see there).
   const settleAccountReturning = compiledOnce(
     (chargedNano: bigint, releasedNano: bigint, accountId: string, reservationId: string) =>
-      db
-        .updateTable('accounts')
-        .set((eb) => ({
-          usd_balance_nano: eb('usd_balance_nano', '-', chargedNano),
-          usd_reserved_nano: eb('usd_reserved_nano', '-', releasedNano),
-        }))
-        .where('id', '=', accountId)
+      settleUsd(chargedNano, releasedNano, accountId)
         // Not for a reservation seen settled already (the claim after it is what proves it still held).
         .where((eb) =>
           eb.exists(
@@ -1320,8 +1312,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       .executeTakeFirst();
     if (!current) throw new NotFoundError('reservation', reservationId);
     // Still held, so the claim's figures were not the stored ones (captureWith's caller passed others).
-    if (current.status === 'held')
-      throw new StorageError('STORAGE_FAILURE', 'The reservation does not match its stored figures');
+    if (current.status === 'held') throw notAsStored();
     throw new ReservationStateError(reservationId, current.status);
   }
 
@@ -1835,7 +1826,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
             row.diem_nano !== reservation.diemNano ||
             toNumber(row.epoch_day) !== reservation.epochDay
           ) {
-            throw new StorageError('STORAGE_FAILURE', 'The reservation does not match its stored figures');
+            throw notAsStored();
           }
         }
         const entries = await writeCharges(
