@@ -114,3 +114,36 @@ test('behavior: a call cancelled before it reaches a connection fails at once an
   expect(events.at(-1)).toMatchObject({ type: 'usage' });
   expect(requestPorts.length - before).toBe(1);
 });
+
+test('behavior: an answer faster than its reader arrives whole and in order (the connection paused, then resumed)', async () => {
+  const parts = Array.from({ length: 200 }, (_, i) => `${String(i).padStart(4, '0')}:${'y'.repeat(1000)}\n`);
+  const fast = createServer((req, res) => {
+    req.resume();
+    req.on('end', async () => {
+      res.writeHead(200, { 'content-type': 'application/octet-stream' });
+      // Each part in a write of its own, a turn apart: far more chunks than the transport holds unread.
+      for (const part of parts) {
+        res.write(part);
+        await new Promise((resolve) => setImmediate(resolve));
+      }
+      res.end();
+    });
+  });
+  await new Promise<void>((resolve) => fast.listen(0, '127.0.0.1', resolve));
+  try {
+    const url = `http://127.0.0.1:${(fast.address() as AddressInfo).port}/slow`;
+    const answer = await dispatchPost(url, { headers: {}, body: '{}' }).answer;
+    let received = '';
+    let reads = 0;
+    for await (const bytes of answer.body) {
+      received += Buffer.from(bytes).toString('utf8');
+      // A slow reader: the upstream keeps writing meanwhile.
+      if (++reads % 5 === 1) await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    expect(received).toBe(parts.join(''));
+    await answer.release(true);
+  } finally {
+    fast.closeAllConnections();
+    await new Promise((resolve) => fast.close(resolve));
+  }
+});
