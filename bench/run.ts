@@ -101,13 +101,15 @@ async function main(): Promise<Report> {
   const sqliteUrl = `sqlite:${join(scratch, 'bench.db')}`;
   const postgresUrl = await postgres.createDatabase('bench');
   const floorFile = join(scratch, 'floor.db');
-  const [sqliteKey, budgetKey, postgresKey, streamsKey, floorKey] = [
+  const aheadUrl = `sqlite:${join(scratch, 'ahead.db')}`;
+  const [sqliteKey, budgetKey, postgresKey, streamsKey, floorKey, aheadKey] = [
     await fundedKey(sqliteUrl),
     // A spend limit of a million USD a day: checked on every request, never reached.
     await fundedKey(sqliteUrl, 10n ** 15n),
     await fundedKey(postgresUrl),
     await fundedKey(streamsUrl),
     await fundedKey(`sqlite:${floorFile}`),
+    await fundedKey(aheadUrl),
   ];
 
   log('starting the ceiling and the servers');
@@ -129,6 +131,14 @@ async function main(): Promise<Report> {
     'server (PostgreSQL)',
     SERVER,
     serverEnv(postgresUrl, catalogPath, rpcEnv),
+    '/healthz',
+  );
+  // The same on SQLite with the chat's upstream calls sent before their holds are made (an option, off by
+  // default: CHAT_CALL_BEFORE_HOLD); measured one request at a time beside the default.
+  const ahead = await startNodeChild(
+    'server (SQLite, CHAT_CALL_BEFORE_HOLD)',
+    SERVER,
+    serverEnv(aheadUrl, catalogPath, { CHAT_CALL_BEFORE_HOLD: 'true' }),
     '/healthz',
   );
 
@@ -241,6 +251,18 @@ async function main(): Promise<Report> {
       child: onSqlite,
     },
     {
+      // Under load too, so that it is as warm as the default when it is measured one request at a time.
+      id: 'upstreamAhead',
+      label: 'the same with CHAT_CALL_BEFORE_HOLD=true (off by default)',
+      target: {
+        url: `${api(ahead)}/chat/completions`,
+        method: 'POST',
+        headers: json(aheadKey),
+        body: chatBody('bench-upstream', true, 16),
+      },
+      child: ahead,
+    },
+    {
       id: 'upstreamDirect',
       label: 'local upstream directly (streamed)',
       target: {
@@ -281,7 +303,10 @@ async function main(): Promise<Report> {
     const body = await probe(target).catch((error: unknown) => {
       throw new Error(`${id}: ${(error as Error).message}`);
     });
-    if ((id === 'upstreamProxy' || id === 'floorUpstream') && !body.includes('"content":" bench"')) {
+    if (
+      (id === 'upstreamProxy' || id === 'upstreamAhead' || id === 'floorUpstream') &&
+      !body.includes('"content":" bench"')
+    ) {
       throw new Error(`${id} did not reach the upstream: ${body.slice(0, 200)}`);
     }
     if ((id === 'floorRpc' || id === 'bareProxy') && !body.includes('"result"')) {
@@ -294,7 +319,7 @@ async function main(): Promise<Report> {
   // proxy, its floors and anvil directly; the chat upstream adapter, its floor and the upstream directly.
   const latencyGroups = [
     ['rpcProxy', 'floorRpc', 'bareProxy', 'rpcDirect'],
-    ['upstreamProxy', 'floorUpstream', 'upstreamDirect'],
+    ['upstreamProxy', 'upstreamAhead', 'floorUpstream', 'upstreamDirect'],
   ].map((ids) =>
     ids.map((id) => {
       const target = everyTarget.find((t) => t.id === id)?.target;

@@ -64,6 +64,7 @@ const variables = z.object({
   CHAT_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(300_000),
   UPSTREAM_TIMEOUT_MS: z.coerce.number().int().min(100).max(3_600_000).default(120_000),
   LOCAL_CHAT_TOKEN_DELAY_MS: z.coerce.number().int().min(0).max(1_000).default(0),
+  CHAT_CALL_BEFORE_HOLD: bool.default(false),
   RPC_PRICE_PER_CREDIT_USD: usd.default('0.0000007'),
   RPC_UPSTREAM_TIMEOUT_MS: z.coerce.number().int().min(100).max(600_000).default(10_000),
   RPC_MAX_RESPONSE_MB: z.coerce.number().int().min(1).max(512).default(32),
@@ -141,6 +142,11 @@ const schema = variables.transform((env) => ({
     timeoutMs: env.CHAT_TIMEOUT_MS,
     upstreamTimeoutMs: env.UPSTREAM_TIMEOUT_MS,
     localTokenDelayMs: env.LOCAL_CHAT_TOKEN_DELAY_MS,
+    /**
+     * A chat served by upstreams alone may send its upstream call before its reservation is made, when the
+     * hold is as good as certain (Charges.holdsAhead): the reservation then commits during the upstream's wait.
+     */
+    callBeforeHold: env.CHAT_CALL_BEFORE_HOLD,
   },
   rpc: {
     pricePerCreditUsd: env.RPC_PRICE_PER_CREDIT_USD,

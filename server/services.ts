@@ -199,6 +199,7 @@ export async function createServices(
     charges,
     isPro,
     providerFor: createChatProviders({ config, metrics }),
+    callBeforeHold: config.chat.callBeforeHold,
     tokenCount: async (principal, modelId, tokens) =>
       limiter.tokenCount(principal, await tierOf(principal.accountId), modelId, tokens),
     convertFile: createFileConverter(),

@@ -32,7 +32,15 @@ export type UpstreamCall = { answer: Promise<UpstreamAnswer>; cancel(): void };
 
 export type UpstreamPost = (
   url: string,
-  init: { headers: Record<string, string>; body: string },
+  init: {
+    headers: Record<string, string>;
+    body: string;
+    /**
+     * Told once the request is on its way (its bytes handed to the connection), in a microtask: what the
+     * caller does during the upstream's wait may start then.
+     */
+    onSent?: () => void;
+  },
 ) => UpstreamCall;
 
 /** Kept-alive connections per upstream origin, bounded by the caller's timer (upstream-connections.ts). */
@@ -87,7 +95,7 @@ class DispatchedCall implements Dispatcher.DispatchHandler, UpstreamAnswer, Asyn
   /** Told when the call is over (its end or an error): what `release(true)` waits for. */
   private over: (() => void) | undefined;
 
-  constructor() {
+  constructor(private readonly onSent?: () => void) {
     this.answer = new Promise<UpstreamAnswer>((resolve, reject) => {
       this.settleAnswer = { resolve, reject };
     });
@@ -111,6 +119,8 @@ class DispatchedCall implements Dispatcher.DispatchHandler, UpstreamAnswer, Asyn
   onRequestStart(controller: Dispatcher.DispatchController): void {
     this.controller = controller;
     if (this.failed) controller.abort(this.failure as Error);
+    // undici writes the request (headers and a string body) right after this, in the same turn.
+    else if (this.onSent) queueMicrotask(this.onSent);
   }
 
   onResponseStart(
@@ -208,7 +218,7 @@ class DispatchedCall implements Dispatcher.DispatchHandler, UpstreamAnswer, Asyn
 /** The default transport: undici's dispatcher, kept-alive connections per upstream origin. */
 export const dispatchPost: UpstreamPost = (url, init) => {
   const { origin, path } = targetOf(url);
-  const call = new DispatchedCall();
+  const call = new DispatchedCall(init.onSent);
   dispatcher.dispatch({ origin, path, method: 'POST', headers: init.headers, body: init.body }, call);
   return call;
 };
@@ -237,6 +247,8 @@ export function fetchPost(doFetch: typeof fetch): UpstreamPost {
         },
       };
     })();
+    // `fetch` has no moment its request leaves: told once it was handed the request.
+    if (init.onSent) queueMicrotask(init.onSent);
     return { answer, cancel: () => controller.abort(cancelled()) };
   };
 }

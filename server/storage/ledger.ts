@@ -159,7 +159,12 @@ export type ReserveInput = {
  */
 export type BalanceBefore = { usdNano: bigint; diemNano: bigint };
 
-export type ReserveResult = { reservation: Reservation; before: BalanceBefore };
+/**
+ * A reservation made: the reservation, the balance before it (BalanceBefore), and what the account could
+ * still hold once it was made (`availableNano`: USD credit not held plus what is left of today's DIEM
+ * allowance, as the hold's own check read them, less this hold).
+ */
+export type ReserveResult = { reservation: Reservation; before: BalanceBefore; availableNano: bigint };
 
 export type CaptureItem = {
   sku: string;
@@ -313,6 +318,9 @@ function undoneByConstraint(error: unknown): boolean {
   const code = (error as { code?: unknown } | null)?.code;
   return code === '23502' || code === '23514';
 }
+
+/** What PostgreSQL's one-statement hold answers (reserveAtOnce). */
+type HeldRow = { usd_balance_nano: bigint; usd_available_nano: bigint };
 
 /** The part of a balance the `x-service-balance-*` headers report (BalanceBefore). */
 export function balanceBefore(balance: Balance): BalanceBefore {
@@ -1076,11 +1084,11 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
           : sql`exists (select 1 from api_keys where id = ${apiKeyId} and account_id = ${reservation.accountId}
               and limit_usd_nano is null and limit_diem_nano is null)`;
     const shape = writes?.length ? guardedBy(writes) : UNGUARDED;
-    const hold = sql<{ usd_balance_nano: bigint }>`with ${shape.ctes}held as (
+    const hold = sql<HeldRow>`with ${shape.ctes}held as (
         update accounts set usd_reserved_nano = usd_reserved_nano + ${amount}
         where id = ${reservation.accountId} and diem_stake_nano = 0
           and usd_balance_nano - usd_reserved_nano >= ${amount} and ${keyCondition}${shape.guard}
-        returning id, usd_balance_nano),
+        returning id, usd_balance_nano, usd_balance_nano - usd_reserved_nano as usd_available_nano),
       reserved as (insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano,
         epoch_day, status, created_at_ms, expires_at_ms, settled_at_ms)
       select ${reservation.id}, ${shape.account}, cast(${apiKeyId} as text),
@@ -1089,18 +1097,21 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
         cast(${reservation.expiresAtMs} as bigint), null
       from ${shape.source}
       returning id)
-      select (select usd_balance_nano from held) as usd_balance_nano from reserved`;
-    // The balance the hold found; without a DIEM stake (a condition of the hold) no allowance is left.
-    const held = (row: { usd_balance_nano: bigint }) => ({
+      select (select usd_balance_nano from held) as usd_balance_nano,
+        (select usd_available_nano from held) as usd_available_nano from reserved`;
+    // The balance the hold found (the hold leaves the balance as it was, and RETURNING gives the reserved sum
+    // after it); without a DIEM stake (a condition of the hold) no allowance is left.
+    const held = (row: HeldRow): ReserveResult => ({
       reservation,
       before: { usdNano: row.usd_balance_nano, diemNano: 0n },
+      availableNano: row.usd_available_nano,
     });
     if (shape === UNGUARDED && !limited) {
       const [row] = (await db.executeQuery(prepared(hold.compile(db)))).rows;
       return row && held(row);
     }
     const lock = sql`select 1 from accounts where id = ${reservation.accountId} for update`;
-    let rows: { usd_balance_nano: bigint }[];
+    let rows: HeldRow[];
     try {
       // The hold as a prepared statement after the lock, in one round trip.
       rows = await scriptThenPrepared(database, withLiterals(lock.compile(db)), hold.compile(db));
@@ -1403,7 +1414,12 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       );
       if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
       await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
-      return { reservation, before: balanceBefore(balance), within: extra };
+      return {
+        reservation,
+        before: balanceBefore(balance),
+        availableNano: balance.usdAvailableNano - usdPart + balance.diemAvailableNano - diemPart,
+        within: extra,
+      };
     }, EAGER);
   }
 
@@ -1493,8 +1509,8 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
      * its period (charges plus held reservations) would be passed, NotFoundError for an unknown account or key.
      */
     async reserve(input: ReserveInput): Promise<ReserveResult> {
-      const { reservation, before } = await reserveIn(input);
-      return { reservation, before };
+      const { reservation, before, availableNano } = await reserveIn(input);
+      return { reservation, before, availableNano };
     },
 
     /**

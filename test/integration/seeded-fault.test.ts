@@ -102,6 +102,7 @@ function nonAtomicLedger(database: Database, real: LedgerRepository): LedgerRepo
       return {
         reservation: await real.getReservation(row.id),
         before: { usdNano: account.usd_balance_nano, diemNano: 0n },
+        availableNano: available - input.amountNano,
       };
     },
     async capture(reservationId, input) {

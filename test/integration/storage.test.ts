@@ -1045,6 +1045,42 @@ describe.each(engines)('storage on %s', (engine, open) => {
     });
   });
 
+  describe('what a reservation leaves', () => {
+    test('behavior: a reservation answers what the account can still hold after it, on every path of the hold', async () => {
+      const account = await fundedAccount(10n * USD);
+      const { key: capped } = await keys.create({
+        accountId: account.id,
+        keyType: 'INFERENCE',
+        limitUsdNano: 5n * USD,
+      });
+      const { key: uncapped } = await keys.create({ accountId: account.id, keyType: 'INFERENCE' });
+      const available = async (accountId: string) => {
+        const balance = await ledger.getBalance(accountId);
+        return balance.usdAvailableNano + balance.diemAvailableNano;
+      };
+      const reserve = (accountId: string, amountNano: bigint, requestId: string, extra = {}) =>
+        ledger.reserve({ accountId, amountNano, requestId, ttlMs: 60_000, ...extra });
+      // No key (one statement on PostgreSQL), a key without a limit, a key with one (a script on PostgreSQL).
+      const plain = await reserve(account.id, USD, 'left-1');
+      expect(plain.availableNano).toBe(9n * USD);
+      expect(plain.availableNano).toBe(await available(account.id));
+      const keyed = await reserve(account.id, 2n * USD, 'left-2', { apiKeyId: uncapped.id });
+      expect(keyed.availableNano).toBe(7n * USD);
+      const limited = await reserve(account.id, USD, 'left-3', {
+        apiKeyId: capped.id,
+        keySpendLimited: true,
+      });
+      expect(limited.availableNano).toBe(6n * USD);
+      expect(limited.availableNano).toBe(await available(account.id));
+      // With a DIEM allowance (the transaction on both engines), what is left of today's allowance counts too.
+      const staked = await fundedAccount(2n * USD, USD);
+      const both = await reserve(staked.id, 1_500_000_000n, 'left-4');
+      expect(both.reservation).toMatchObject({ diemNano: USD, usdNano: 500_000_000n });
+      expect(both.availableNano).toBe(1_500_000_000n);
+      expect(both.availableNano).toBe(await available(staked.id));
+    });
+  });
+
   describe('DIEM allowance', () => {
     test('behavior: DIEM is spent before USD, item by item, and resets at 00:00 UTC', async () => {
       const account = await fundedAccount(5n * USD, USD);

@@ -1,7 +1,10 @@
 /**
- * How every paid operation spends money: reserve the worst case before any work, capture what was really
- * used, release the rest. Storage refusals become the interface's 402 bodies here, once, for every domain.
+ * How every paid operation spends money: reserve the worst case before any work is delivered, capture what
+ * was really used, release the rest. Storage refusals become the interface's 402 bodies here, once, for every
+ * domain.
  */
+// From node:perf_hooks, not the global: fake timers in tests replace the global.
+import { performance } from 'node:perf_hooks';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
 import { InsufficientBalanceError, KeySpendLimitError } from '../../storage/errors.ts';
@@ -39,7 +42,16 @@ export type ChargesDeps = {
   answersWait?(): boolean;
   /** Told of a detached capture that failed (captureDetached): it was undone; nothing was charged. */
   detachedFailed?(reservation: Reservation, error: unknown): void;
+  /** A monotonic clock in ms (default `performance.now`): how old what `holdsAhead` judges by is. */
+  now?(): number;
 };
+
+/** How many times a hold must fit in what its account had left for `holdsAhead` to say yes. */
+export const AHEAD_MARGIN = 2n;
+/** For how long what a reservation found of its account is trusted by `holdsAhead` (ms). */
+export const AHEAD_TTL_MS = 10_000;
+/** At most this many accounts are remembered for `holdsAhead` (emptied when full). */
+const AHEAD_ACCOUNTS = 10_000;
 
 /**
  * A capture started without its caller waiting (captureDetached): what it charges, known from the reservation
@@ -83,6 +95,13 @@ type HoldInput = { amountNano: bigint; requestId: string; modelId?: string | nul
 export function createCharges(deps: ChargesDeps) {
   /** The detached captures under way, by account (see captureDetached). */
   const detached = new Map<string, Set<Promise<void>>>();
+  const now = deps.now ?? (() => performance.now());
+  /**
+   * By account: what it could still hold after its latest reservation made in this process and when (never:
+   * -Infinity), and the sum of the holds asked for and not yet made or refused. One record per account,
+   * updated in place (a reservation allocates nothing here); emptied when AHEAD_ACCOUNTS are kept.
+   */
+  const seen = new Map<string, { availableNano: bigint; atMs: number; makingNano: bigint }>();
 
   /** What a failed reservation answers: a wallet short of balance gets the 402 with what to pay. */
   const refusal = (principal: Principal, amountNano: bigint, error: unknown): unknown =>
@@ -101,23 +120,58 @@ export function createCharges(deps: ChargesDeps) {
     keySpendLimited: principal.kind === 'apiKey' && principal.spendLimited === true,
   });
 
-  /** A reservation being made for the caller: its refusal as the 402 to answer with, its balance told. */
+  /**
+   * A reservation being made for the caller: its refusal as the 402 to answer with, its balance told. Counted
+   * among the account's holds being made from the moment it is asked for (this runs before its statements do)
+   * until it is decided; a reservation made records what its account has left, a refused one forgets it.
+   */
   async function held<R extends ReserveResult>(
     principal: Principal,
     input: HoldInput,
     reserving: Promise<R>,
   ) {
+    const accountId = principal.accountId;
+    let record = seen.get(accountId);
+    if (!record) {
+      if (seen.size >= AHEAD_ACCOUNTS) seen.clear();
+      record = { availableNano: 0n, atMs: Number.NEGATIVE_INFINITY, makingNano: 0n };
+      seen.set(accountId, record);
+    }
+    record.makingNano += input.amountNano;
     let reserved: R;
     try {
       reserved = await reserving;
     } catch (error) {
+      record.atMs = Number.NEGATIVE_INFINITY;
       throw refusal(principal, input.amountNano, error);
+    } finally {
+      record.makingNano -= input.amountNano;
     }
+    record.availableNano = reserved.availableNano;
+    record.atMs = now();
     deps.reserved?.(principal, reserved.before);
     return reserved;
   }
 
   return {
+    /**
+     * Whether a hold of `amountNano` for the caller is as good as certain, so that the work it pays for may
+     * start while the hold is being made (the chat's upstream call: ChatService). Yes when the account's latest
+     * reservation made in this process, at most AHEAD_TTL_MS ago, left it at least AHEAD_MARGIN times this
+     * amount beyond the holds being made meanwhile (counted from the moment they are asked for, so that a
+     * burst of requests is judged against what the burst takes). Never for a key with a spend limit: its
+     * limit, not the account, may refuse. A judgement only: the hold itself decides, as ever, and the caller
+     * delivers nothing and charges nothing before it is made; what a wrong judgement costs is work started
+     * and cancelled. What the account gets back meanwhile (captures, top-ups) is not counted: the judgement
+     * errs on the side of no.
+     */
+    holdsAhead(principal: Principal, amountNano: bigint): boolean {
+      if (principal.kind === 'apiKey' && principal.spendLimited === true) return false;
+      const record = seen.get(principal.accountId);
+      if (!record || now() - record.atMs > AHEAD_TTL_MS) return false;
+      return record.availableNano - record.makingNano >= AHEAD_MARGIN * amountNano;
+    },
+
     /** Reserves `amountNano` for the caller, or throws the 402 to answer with. */
     async reserve(principal: Principal, input: HoldInput): Promise<Reservation> {
       return (await held(principal, input, deps.ledger.reserve(reserveInput(principal, input)))).reservation;

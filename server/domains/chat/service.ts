@@ -4,9 +4,16 @@
  *   prepare: resolve the model (404), Pro gate (401), options and persona (400/404), capability checks (400),
  *            messages, prompt tokens, a concurrency slot (503), then the reservation of the worst case; when
  *            the balance cannot cover the full bound the bound is lowered to what it covers (402 only below a
- *            minimal answer).
+ *            minimal answer). With CHAT_CALL_BEFORE_HOLD (`callBeforeHold`, off by default), a request served
+ *            by upstreams alone, with no web work to do first, leaves its reservation to `run`
+ *            (PreparedChat.hold).
  *   run:     the provider events, from the backend chosen for the request (`prompt_cache_key` always picks the
- *            same one), failing over to the next backend when one fails before producing anything.
+ *            same one), failing over to the next backend when one fails before producing anything. A request
+ *            whose reservation is left to it makes it there: before the upstream call, or, when the hold is as
+ *            good as certain (Charges.holdsAhead), while the call is on its way: the reservation's statements
+ *            run during the upstream's first wait instead of before it. Either way no event is handed on, and
+ *            nothing can be charged, before the hold is made; a refused hold cancels the call and is refused as
+ *            it would have been before it.
  *   settle:  capture the real cost (prompt, cache reads and writes, output, searches, scrapes) as CHARGE
  *            entries with the request and model ids, release the rest, and count the tokens per minute in
  *            the same transaction; its amounts are known beforehand, so the answer waits for it only when
@@ -60,6 +67,12 @@ export type ChatServiceDeps = {
   web?: { search?: SearchProvider; scraper?: Scraper; now?: () => Date };
   /** Default output bound for models whose catalogue entry gives none. */
   defaultMaxTokens?: number;
+  /**
+   * A request served by upstreams alone, with no web work first, may send its upstream call before its
+   * reservation is made when the hold is as good as certain (CHAT_CALL_BEFORE_HOLD; off: the reservation is
+   * made first, as for every other request).
+   */
+  callBeforeHold?: boolean;
 };
 
 /** The smallest answer worth starting: below it, a request the balance cannot cover is refused (402). */
@@ -85,7 +98,13 @@ export type PreparedChat = {
   /** Bound actually applied (may be lower than asked when the balance could not cover it). */
   maxTokens: number;
   extras: Extras;
-  reservation: Reservation;
+  /**
+   * The worst case held for the request. Undefined only while `hold` is still to be made (then nothing was
+   * handed on yet), or after it was refused (then nothing will be).
+   */
+  reservation: Reservation | undefined;
+  /** The reservation left to `run`, when it is: made before the request's first event is handed on. */
+  hold?: PendingHold;
   /** The web search results given to the model, when a search ran. */
   searchResults?: SearchResult[];
   backends: readonly Backend[];
@@ -93,6 +112,17 @@ export type PreparedChat = {
   router?: string;
   /** Frees the concurrency slot; idempotent. */
   done(): void;
+};
+
+/** A reservation left to `run` (PreparedChat.hold). */
+export type PendingHold = {
+  /** Its first attempt's amount: what Charges.holdsAhead judges. */
+  amountNano: bigint;
+  /**
+   * Makes it (with the bound lowered when the balance cannot cover the full one, as `prepare` does): sets
+   * the prepared request's `reservation`, and its `maxTokens` when the bound was lowered; throws the 402.
+   */
+  make(): Promise<void>;
 };
 
 export type Settlement = {
@@ -135,6 +165,55 @@ function toolsOf(body: ChatCompletionRequest): ProviderTool[] | undefined {
 
 const DONE: IteratorReturnResult<undefined> = { done: true, value: undefined };
 
+const ignore = () => undefined;
+
+/** Whether every backend is an upstream (none is this process's own engine, which has no call to wait on). */
+function onlyUpstreams(backends: readonly Backend[]): boolean {
+  return backends.length > 0 && backends.every((b) => b.kind !== 'local');
+}
+
+/**
+ * The hold of a request whose upstream call is made ahead of it (PreparedChat.hold, Charges.holdsAhead): made
+ * once the call is on its way (the provider's `started`, its statements then run during the upstream's wait),
+ * or once the call's first event is in when the provider never says so (a connection that failed first).
+ * `made` settles as the hold does.
+ */
+class HeldAhead {
+  readonly made: Promise<void>;
+  private making: Promise<void> | undefined;
+  private settle!: (making: Promise<void>) => void;
+  private cancelCall: (() => void) | undefined;
+
+  constructor(private readonly hold: PendingHold) {
+    this.made = new Promise<void>((resolve) => {
+      this.settle = resolve;
+    });
+  }
+
+  /** ChatProviderRequest.started: the call is on its way; `cancel` ends it. */
+  readonly started = (cancel: () => void): void => {
+    this.cancelCall = cancel;
+    this.start();
+  };
+
+  /** The call's first event, asked for: the hold starts when it is in, at the latest. */
+  after(pending: Promise<unknown>): void {
+    pending.then(this.start, this.start);
+  }
+
+  /** Ends the call, and its events (a first event already in is dropped with its connection). */
+  cancel(events: AsyncIterator<ChatEvent>): void {
+    this.cancelCall?.();
+    events.return?.(undefined)?.catch(ignore);
+  }
+
+  private readonly start = (): void => {
+    if (this.making) return;
+    this.making = this.hold.make();
+    this.settle(this.making);
+  };
+}
+
 export function createChatService(deps: ChatServiceDeps) {
   const { acquire } = createSlots();
 
@@ -150,6 +229,22 @@ export function createChatService(deps: ChatServiceDeps) {
       async next(): Promise<IteratorResult<ChatEvent>> {
         for (;;) {
           if (finished) return DONE;
+          // The reservation left to the run (first call only): made now, before the upstream call, unless it
+          // is as good as certain; then it is made below, while the call is on its way.
+          const hold = prepared.hold;
+          let ahead: HeldAhead | undefined;
+          if (hold) {
+            prepared.hold = undefined;
+            if (deps.charges.holdsAhead(prepared.principal, hold.amountNano)) ahead = new HeldAhead(hold);
+            else {
+              try {
+                await hold.make();
+              } catch (error) {
+                finished = true;
+                throw error;
+              }
+            }
+          }
           if (!events || !provider) {
             const backend = prepared.backends[next++];
             if (!backend) {
@@ -163,12 +258,37 @@ export function createChatService(deps: ChatServiceDeps) {
                 extend(prepared.request, {
                   model: backend.kind === 'local' ? prepared.model.id : backend.upstreamModel,
                   signal,
+                  // A call made ahead of its hold says when it is on its way, and hands over its cancel.
+                  ...(ahead ? { started: ahead.started } : {}),
                 }),
               )
               [Symbol.asyncIterator]();
           }
+          // Asked for, the first event starts the call.
+          const pending = events.next();
+          if (ahead) {
+            // The event waits until the hold is made; should the call fail meanwhile, it is read after that.
+            ahead.after(pending);
+            const bound = prepared.maxTokens;
+            try {
+              await ahead.made;
+            } catch (error) {
+              ahead.cancel(events);
+              finished = true;
+              throw error;
+            }
+            if (prepared.maxTokens !== bound) {
+              // The balance covered only a lower bound: the call asked for more. Made again, from the first
+              // backend, with the bound that is held (as it would have been made after the hold).
+              ahead.cancel(events);
+              events = undefined;
+              provider = undefined;
+              next = 0;
+              continue;
+            }
+          }
           try {
-            const result = await events.next();
+            const result = await pending;
             if (result.done) {
               finished = true;
               return DONE;
@@ -350,16 +470,21 @@ export function createChatService(deps: ChatServiceDeps) {
       // Upstreams count with their own tokenizers: leave room for the difference.
       const upstream = backends.some((b) => b.kind !== 'local');
       const reservedPrompt = (upstream ? Math.ceil(promptTokens * 1.25) + 64 : promptTokens) + webAllowance;
+      const holdInput = {
+        requestId: input.requestId,
+        promptTokens: reservedPrompt,
+        maxTokens,
+        n,
+        extras: worstExtras,
+        fixedBound: asked !== undefined,
+      };
+      // Served by upstreams alone, with no web work to do first, and calls allowed before their holds: the
+      // reservation is left to `run`, which makes it at the upstream call (PreparedChat.hold).
+      const atTheCall =
+        deps.callBeforeHold === true && onlyUpstreams(backends) && scrapeUrls.length === 0 && !searching;
       const done = acquire(model);
       try {
-        const reserved = await reserve(principal, model, {
-          requestId: input.requestId,
-          promptTokens: reservedPrompt,
-          maxTokens,
-          n,
-          extras: worstExtras,
-          fixedBound: asked !== undefined,
-        });
+        const reserved = atTheCall ? undefined : await reserve(principal, model, holdInput);
         let searchResults: SearchResult[] | undefined;
         let context: string | undefined;
         try {
@@ -386,7 +511,7 @@ export function createChatService(deps: ChatServiceDeps) {
             });
           }
         } catch (error) {
-          await deps.charges.release(reserved.reservation);
+          if (reserved) await deps.charges.release(reserved.reservation);
           throw error;
         }
         if (context) {
@@ -395,10 +520,11 @@ export function createChatService(deps: ChatServiceDeps) {
           promptTokens = countPromptTokens(messages, tools);
         }
         const passthrough = passthroughOf(body);
+        const bound = reserved?.maxTokens ?? maxTokens;
         const request: Omit<ChatProviderRequest, 'signal'> = {
           model: model.id,
           messages,
-          maxTokens: reserved.maxTokens,
+          maxTokens: bound,
           n,
           sampling,
           ...(tools ? { tools } : {}),
@@ -410,7 +536,7 @@ export function createChatService(deps: ChatServiceDeps) {
           ...(body.prompt_cache_key ? { promptCacheKey: body.prompt_cache_key } : {}),
           ...(Object.keys(passthrough).length > 0 ? { passthrough } : {}),
         };
-        return {
+        const prepared: PreparedChat = {
           requestId: input.requestId,
           created: Math.floor(Date.now() / 1000),
           principal,
@@ -418,13 +544,30 @@ export function createChatService(deps: ChatServiceDeps) {
           options,
           request,
           promptTokens,
-          maxTokens: reserved.maxTokens,
+          maxTokens: bound,
           extras,
-          reservation: reserved.reservation,
+          reservation: reserved?.reservation,
           ...(searchResults ? { searchResults } : {}),
           backends,
           done,
         };
+        if (atTheCall)
+          prepared.hold = {
+            amountNano: worstCaseNano(model, {
+              promptTokens: reservedPrompt,
+              completionTokens: maxTokens * n,
+              extras: worstExtras,
+            }),
+            async make() {
+              const made = await reserve(principal, model, holdInput);
+              prepared.reservation = made.reservation;
+              if (made.maxTokens !== prepared.maxTokens) {
+                prepared.maxTokens = made.maxTokens;
+                request.maxTokens = made.maxTokens;
+              }
+            },
+          };
+        return prepared;
       } catch (error) {
         done();
         throw error;
@@ -453,12 +596,15 @@ export function createChatService(deps: ChatServiceDeps) {
         cachedTokens: 0,
         cacheCreationTokens: 0,
       };
+      const reservation = prepared.reservation;
+      // A hold refused (or never made): nothing was handed on, and nothing is held to charge.
+      if (!reservation) return { usage: final, cost: { usd: 0, diem: 0 }, answerAfter: undefined };
       // A count that cannot be made (its tier unknown) is skipped, as a failed count never fails the capture.
       const count = deps
         .tokenCount?.(prepared.principal, prepared.model.id, final.promptTokens + final.completionTokens)
         .catch(() => undefined);
       const capture = deps.charges.captureDetached(
-        prepared.reservation,
+        reservation,
         chargeItems(prepared.model, final, prepared.extras),
         count,
       );
@@ -469,9 +615,9 @@ export function createChatService(deps: ChatServiceDeps) {
       };
     },
 
-    /** Gives the reservation back (nothing chargeable happened). */
+    /** Gives the reservation back (nothing chargeable happened); nothing to do when none was made. */
     async release(prepared: PreparedChat): Promise<void> {
-      await deps.charges.release(prepared.reservation);
+      if (prepared.reservation) await deps.charges.release(prepared.reservation);
     },
   };
 }

@@ -70,6 +70,13 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
       };
       // The client leaving cancels the upstream call too (a listener, not a signal of our own: see UpstreamCall).
       const onClientGone = () => call?.cancel();
+      // The caller may end the call it was told of (`started`): counted as `cancelled`, not as a failure.
+      const onSent = request.started;
+      let withdrawn = false;
+      const withdraw = () => {
+        withdrawn = true;
+        call?.cancel();
+      };
       request.signal?.addEventListener('abort', onClientGone, { once: true });
       const fail = (
         kind: ChatProviderError['kind'],
@@ -81,6 +88,10 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
       };
       const translate = (error: unknown): unknown => {
         if (error instanceof ChatProviderError) return error;
+        if (withdrawn) {
+          outcome = 'cancelled';
+          return error;
+        }
         if (request.signal?.aborted) {
           outcome = 'client_abort';
           return error;
@@ -136,6 +147,7 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
               ...(options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {}),
             },
             body: JSON.stringify(body),
+            ...(onSent ? { onSent: () => onSent(withdraw) } : {}),
           });
           if (request.signal?.aborted) call.cancel();
           response = await call.answer;

@@ -80,6 +80,12 @@ export type ChatProviderRequest = {
   /** Request fields the interface does not list, passed through to upstreams as they came. */
   passthrough?: Record<string, unknown>;
   signal?: AbortSignal;
+  /**
+   * Told by a provider that calls an upstream once its request is on its way, with what cancels that call:
+   * what its caller does during the upstream's wait starts then (the chat's hold made ahead, ChatService).
+   * Providers without a call (the local engine) never call it.
+   */
+  started?(cancel: () => void): void;
 };
 
 export type TopLogprob = { token: string; logprob: number; bytes: number[] };
