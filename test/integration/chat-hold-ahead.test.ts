@@ -199,6 +199,17 @@ describe.each(engines)('a chat through upstreams on %s', (_engine, databaseUrl) 
     return entries.filter((e) => e.type === 'CHARGE').map((e) => e.amountNano);
   }
 
+  /**
+   * One answered request of the account, so that its latest reservation tells the judgement what it has left;
+   * then what the account was charged.
+   */
+  async function prime(key: string, accountId: string): Promise<bigint[]> {
+    const primed = await chat(server, key, { model: 'quick-model' });
+    expect(primed.status).toBe(200);
+    await primed.text();
+    return charged(accountId);
+  }
+
   async function heldReservations(accountId: string) {
     return server.services.database.db
       .selectFrom('reservations')
@@ -247,10 +258,7 @@ describe.each(engines)('a chat through upstreams on %s', (_engine, databaseUrl) 
     const { accountId, key } = await server.account('20');
     const principal = principalOf(accountId);
     for (const stream of [true, false]) {
-      const primed = await chat(server, key, { model: 'quick-model' });
-      expect(primed.status).toBe(200);
-      await primed.text();
-      const before = await charged(accountId);
+      const before = await prime(key, accountId);
       // Nearly everything held elsewhere: the judgement, which saw the balance before, still says yes.
       const drained = await drain(accountId, 1n, `drain-${stream}`);
       expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(true);
@@ -285,10 +293,7 @@ describe.each(engines)('a chat through upstreams on %s', (_engine, databaseUrl) 
   test('behavior: an upstream that answers before its hold is refused hands nothing on', async () => {
     const { accountId, key } = await server.account('20');
     for (const stream of [true, false]) {
-      const primed = await chat(server, key, { model: 'quick-model' });
-      expect(primed.status).toBe(200);
-      await primed.text();
-      const before = await charged(accountId);
+      const before = await prime(key, accountId);
       const drained = await drain(accountId, 1n, `drain-quick-${stream}`);
       // The quick upstream answers at once (on PostgreSQL, often before the hold's round trip is back).
       const response = await chat(server, key, { model: 'quick-model', stream });
@@ -304,10 +309,7 @@ describe.each(engines)('a chat through upstreams on %s', (_engine, databaseUrl) 
   test('behavior: a client that leaves while its call is ahead of its hold stops the call; nothing stays held, and it is billed as a request that held first', async () => {
     const { accountId, key } = await server.account('20');
     for (const stream of [true, false]) {
-      const primed = await chat(server, key, { model: 'quick-model' });
-      expect(primed.status).toBe(200);
-      await primed.text();
-      const before = await charged(accountId);
+      const before = await prime(key, accountId);
       calls.length = 0;
       const leaving = new AbortController();
       const response = fetch(`${server.base}/chat/completions`, {
