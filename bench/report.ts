@@ -78,7 +78,7 @@ export function floors(report: Report): Array<{ measure: string; value: string }
     },
     {
       measure: 'the same with CHAT_CALL_BEFORE_HOLD=true (off by default)',
-      value: ms(added('upstreamAhead', 'upstreamDirect')),
+      value: ms(added('upstreamAhead', 'upstreamDirectAhead')),
     },
   ];
 }
@@ -89,7 +89,7 @@ export function checks(report: Report): Check[] {
   const vsCeiling = rps('chatSqlite') / rps('ceiling');
   const rpc = added('rpcProxy', 'rpcDirect');
   const upstream = added('upstreamProxy', 'upstreamDirect');
-  const ahead = added('upstreamAhead', 'upstreamDirect');
+  const ahead = added('upstreamAhead', 'upstreamDirectAhead');
   const s = report.streams;
   return [
     {
