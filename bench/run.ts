@@ -143,6 +143,19 @@ async function main(): Promise<Report> {
   );
 
   const api = (server: Child) => `${server.origin}/api/v1`;
+  // The chat upstream adapter's request on a server, and the same request to the upstream itself.
+  const adapterOn = (server: Child, key: string): Target => ({
+    url: `${api(server)}/chat/completions`,
+    method: 'POST',
+    headers: json(key),
+    body: chatBody('bench-upstream', true, 16),
+  });
+  const upstreamItself: Target = {
+    url: `${upstream.origin}/v1/chat/completions`,
+    method: 'POST',
+    headers: json(),
+    body: chatBody('bench-upstream', true, 16),
+  };
   const throughputTargets: Array<{ id: string; label: string; target: Target; child: Child | number }> = [
     {
       id: 'ceiling',
@@ -242,35 +255,20 @@ async function main(): Promise<Report> {
     {
       id: 'upstreamProxy',
       label: 'chat upstream adapter -> local upstream (streamed)',
-      target: {
-        url: `${api(onSqlite)}/chat/completions`,
-        method: 'POST',
-        headers: json(sqliteKey),
-        body: chatBody('bench-upstream', true, 16),
-      },
+      target: adapterOn(onSqlite, sqliteKey),
       child: onSqlite,
     },
     {
       // Under load too, so that it is as warm as the default when it is measured one request at a time.
       id: 'upstreamAhead',
       label: 'the same with CHAT_CALL_BEFORE_HOLD=true (off by default)',
-      target: {
-        url: `${api(ahead)}/chat/completions`,
-        method: 'POST',
-        headers: json(aheadKey),
-        body: chatBody('bench-upstream', true, 16),
-      },
+      target: adapterOn(ahead, aheadKey),
       child: ahead,
     },
     {
       id: 'upstreamDirect',
       label: 'local upstream directly (streamed)',
-      target: {
-        url: `${upstream.origin}/v1/chat/completions`,
-        method: 'POST',
-        headers: json(),
-        body: chatBody('bench-upstream', true, 16),
-      },
+      target: upstreamItself,
       child: upstream,
     },
   ];
@@ -282,12 +280,7 @@ async function main(): Promise<Report> {
     {
       // The upstream directly again, in turns with the adapter of CHAT_CALL_BEFORE_HOLD.
       id: 'upstreamDirectAhead',
-      target: {
-        url: `${upstream.origin}/v1/chat/completions`,
-        method: 'POST',
-        headers: json(),
-        body: chatBody('bench-upstream', true, 16),
-      },
+      target: upstreamItself,
     },
     {
       id: 'floorRpc',

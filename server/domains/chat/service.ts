@@ -325,25 +325,31 @@ export function createChatService(deps: ChatServiceDeps) {
     return [...list.slice(start), ...list.slice(0, start)];
   }
 
+  type HoldInput = {
+    requestId: string;
+    promptTokens: number;
+    maxTokens: number;
+    n: number;
+    extras: Extras;
+    fixedBound: boolean;
+  };
+
+  /** What a hold of `input` with `maxTokens` per choice holds: its worst case. */
+  const holdAmount = (model: CatalogModel, input: HoldInput, maxTokens = input.maxTokens) =>
+    worstCaseNano(model, {
+      promptTokens: input.promptTokens,
+      completionTokens: maxTokens * input.n,
+      extras: input.extras,
+    });
+
   async function reserve(
     principal: Principal,
     model: CatalogModel,
-    input: {
-      requestId: string;
-      promptTokens: number;
-      maxTokens: number;
-      n: number;
-      extras: Extras;
-      fixedBound: boolean;
-    },
+    input: HoldInput,
   ): Promise<{ reservation: Reservation; maxTokens: number }> {
     let maxTokens = input.maxTokens;
     for (let attempt = 0; ; attempt++) {
-      const amountNano = worstCaseNano(model, {
-        promptTokens: input.promptTokens,
-        completionTokens: maxTokens * input.n,
-        extras: input.extras,
-      });
+      const amountNano = holdAmount(model, input, maxTokens);
       try {
         const reservation = await deps.charges.reserve(principal, {
           amountNano,
@@ -470,7 +476,7 @@ export function createChatService(deps: ChatServiceDeps) {
       // Upstreams count with their own tokenizers: leave room for the difference.
       const upstream = backends.some((b) => b.kind !== 'local');
       const reservedPrompt = (upstream ? Math.ceil(promptTokens * 1.25) + 64 : promptTokens) + webAllowance;
-      const holdInput = {
+      const holdInput: HoldInput = {
         requestId: input.requestId,
         promptTokens: reservedPrompt,
         maxTokens,
@@ -553,11 +559,7 @@ export function createChatService(deps: ChatServiceDeps) {
         };
         if (atTheCall)
           prepared.hold = {
-            amountNano: worstCaseNano(model, {
-              promptTokens: reservedPrompt,
-              completionTokens: maxTokens * n,
-              extras: worstExtras,
-            }),
+            amountNano: holdAmount(model, holdInput),
             async make() {
               const made = await reserve(principal, model, holdInput);
               prepared.reservation = made.reservation;

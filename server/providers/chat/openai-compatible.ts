@@ -73,10 +73,6 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
       // The caller may end the call it was told of (`started`): counted as `cancelled`, not as a failure.
       const onSent = request.started;
       let withdrawn = false;
-      const withdraw = () => {
-        withdrawn = true;
-        call?.cancel();
-      };
       request.signal?.addEventListener('abort', onClientGone, { once: true });
       const fail = (
         kind: ChatProviderError['kind'],
@@ -147,7 +143,15 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
               ...(options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {}),
             },
             body: JSON.stringify(body),
-            ...(onSent ? { onSent: () => onSent(withdraw) } : {}),
+            ...(onSent
+              ? {
+                  onSent: () =>
+                    onSent(() => {
+                      withdrawn = true;
+                      call?.cancel();
+                    }),
+                }
+              : {}),
           });
           if (request.signal?.aborted) call.cancel();
           response = await call.answer;
