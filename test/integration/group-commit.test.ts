@@ -88,16 +88,17 @@ describe('group commit (SQLite)', () => {
   });
 
   test('behavior: transactions asked for by separate callbacks of one event-loop turn commit as one group', async () => {
-    // Two timers due together run in the same timers phase, one callback after the other (each followed by
+    // Two callbacks queued together run in the same phase of one turn, one after the other (each followed by
     // its microtasks), as two requests read in the same poll phase do. A group that started at once would
-    // have committed the first before the second callback ran.
+    // have committed the first before the second callback ran. (Immediates, not two `setTimeout(0)`: each
+    // timer reads the clock when it is made, so the second can fall due a millisecond later, in another turn.)
     const pending: Promise<number>[] = [];
     await new Promise<void>((resolve) => {
-      setTimeout(() => pending.push(appendOne('first')), 0);
-      setTimeout(() => {
+      setImmediate(() => pending.push(appendOne('first')));
+      setImmediate(() => {
         pending.push(appendOne('second'));
         resolve();
-      }, 0);
+      });
     });
     expect(await Promise.all(pending)).toEqual([0, 1]);
     expect(statements.filter((s) => s === 'commit')).toHaveLength(1);
