@@ -138,14 +138,20 @@ export function createAccounts(database: Database, options: RepositoryOptions = 
     /** Sets the daily DIEM allowance (nano-USD per UTC day). Takes effect for today's remaining allowance. */
     async setDiemStake(id: string, diemStakeNano: bigint): Promise<Account> {
       assertAmount('diemStakeNano', diemStakeNano);
-      const row = await db
-        .updateTable('accounts')
-        .set({ diem_stake_nano: diemStakeNano })
-        .where('id', '=', id)
-        .returningAll()
-        .executeTakeFirst();
-      if (!row) throw new NotFoundError('account', id);
-      return toAccount(row);
+      // The allowance decides what a hold may take: noted before and after (ReserveResult.stamp).
+      database.noteChange?.();
+      try {
+        const row = await db
+          .updateTable('accounts')
+          .set({ diem_stake_nano: diemStakeNano })
+          .where('id', '=', id)
+          .returningAll()
+          .executeTakeFirst();
+        if (!row) throw new NotFoundError('account', id);
+        return toAccount(row);
+      } finally {
+        database.noteChange?.();
+      }
     },
 
     /** Marks the account pro (higher rate-limit tier) or not. */

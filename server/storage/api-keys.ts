@@ -247,14 +247,22 @@ export function createApiKeys(database: Database, options: ApiKeysOptions = {}) 
       if (patch.limitPeriod !== undefined) set.limit_period = patch.limitPeriod;
       if (patch.modelPrivacy !== undefined) set.model_privacy = patch.modelPrivacy;
       if (Object.keys(set).length === 0) return get(id);
-      const row = await db
-        .updateTable('api_keys')
-        .set(set)
-        .where('id', '=', id)
-        .returningAll()
-        .executeTakeFirst();
-      if (!row) throw new NotFoundError('api key', id);
-      return toApiKey(row);
+      // A spend limit decides what a hold may take: noted before and after it is written, so that a
+      // reservation's stamp from either side of the write no longer holds (ReserveResult.stamp).
+      const limits = 'limit_usd_nano' in set || 'limit_diem_nano' in set || 'limit_period' in set;
+      if (limits) database.noteChange?.();
+      try {
+        const row = await db
+          .updateTable('api_keys')
+          .set(set)
+          .where('id', '=', id)
+          .returningAll()
+          .executeTakeFirst();
+        if (!row) throw new NotFoundError('api key', id);
+        return toApiKey(row);
+      } finally {
+        if (limits) database.noteChange?.();
+      }
     },
 
     /** Revokes the key (soft delete). Idempotent: the first revocation time is kept. */

@@ -66,6 +66,16 @@ export type Database = {
    * On PostgreSQL always at once on the pool.
    */
   write<T>(fn: (runner: StatementRunner) => Promise<T>): Promise<T>;
+  /**
+   * SQLite only: a stamp that changes when another connection (another process: the operator CLI, another
+   * worker) has committed to the file since the last read on this one (`PRAGMA data_version`, which ignores
+   * this connection's own commits), and when `noteChange` was called in this process. Equal stamps mean that
+   * nothing but this connection's own writes, none of them noted, happened in between. About 50 ns inside a
+   * transaction, 1.5 µs outside one (it reads the WAL's index). PostgreSQL has no such counter.
+   */
+  changeStamp?(): string;
+  /** SQLite only: a change of this process that `changeStamp` must tell (see there). */
+  noteChange?(): void;
 };
 
 export type CreateDatabaseOptions = {
@@ -205,9 +215,17 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   // synchronous).
   const runner: StatementRunner = directRunner(direct);
   // Every SQLite statement is prepared once (cachingStatements).
-  const database = wrap(db, 'sqlite', true, group.transaction, (fn) =>
+  const wrapped = wrap(db, 'sqlite', true, group.transaction, (fn) =>
     group.busy() ? group.transaction(fn) : fn(runner),
   );
+  const dataVersion = sqlite.prepare('PRAGMA data_version').pluck().safeIntegers(false);
+  let noted = 0;
+  const database = extend(wrapped, {
+    changeStamp: () => `${dataVersion.get() as number}:${noted}`,
+    noteChange: () => {
+      noted++;
+    },
+  });
   if (!checkpointer) return database;
   let closing: Promise<void> | undefined;
   return extend(database, {

@@ -162,9 +162,20 @@ export type BalanceBefore = { usdNano: bigint; diemNano: bigint };
 /**
  * A reservation made: the reservation, the balance before it (BalanceBefore), and what the account could
  * still hold once it was made (`availableNano`: USD credit not held plus what is left of today's DIEM
- * allowance, as the hold's own check read them, less this hold).
+ * allowance, as the hold's own check read them, less this hold). On SQLite, when nothing but the account's
+ * credit and holds decide what it may still hold (no DIEM allowance, whose day turns; no spend limit on the
+ * key), `stamp`: the database's change stamp just after the hold (Database.changeStamp, read in its
+ * transaction) with the hold's number among this process's holds. While `unchangedSince(accountId, stamp)`, no
+ * other connection has committed and this process has made no later hold of the account and changed no key
+ * limit or DIEM stake, so `availableNano` is still what the account can hold, or more (captures, releases and
+ * top-ups only add to it).
  */
-export type ReserveResult = { reservation: Reservation; before: BalanceBefore; availableNano: bigint };
+export type ReserveResult = {
+  reservation: Reservation;
+  before: BalanceBefore;
+  availableNano: bigint;
+  stamp?: string;
+};
 
 export type CaptureItem = {
   sku: string;
@@ -246,6 +257,36 @@ export type LedgerRepository = ReturnType<typeof createLedger>;
 
 /** `'held'` as a literal of the SQL text: the partial indexes of held reservations need it (migration 0017). */
 const HELD = sql.lit('held' as const);
+
+/**
+ * SQLite: by database (every ledger on it), the number of the latest hold made in this process of each account,
+ * from one sequence: a reservation's stamp (ReserveResult.stamp) is the database's change stamp with its own
+ * number, so that only a later hold of the same account, besides the changes the database's stamp tells,
+ * makes it stale. Emptied when HOLD_ACCOUNTS are kept, with a change noted, so that no stamp outlives it.
+ */
+const holdNumbers = new WeakMap<Database, { next: number; latest: Map<string, number> }>();
+const HOLD_ACCOUNTS = 100_000;
+
+function holdsOf(database: Database) {
+  let holds = holdNumbers.get(database);
+  if (!holds) {
+    holds = { next: 1, latest: new Map() };
+    holdNumbers.set(database, holds);
+  }
+  return holds;
+}
+
+/** A hold of `accountId` made now (SQLite): its number. */
+function numberHold(database: Database, accountId: string): number {
+  const holds = holdsOf(database);
+  if (holds.latest.size >= HOLD_ACCOUNTS && !holds.latest.has(accountId)) {
+    holds.latest.clear();
+    database.noteChange?.();
+  }
+  const number = holds.next++;
+  holds.latest.set(accountId, number);
+  return number;
+}
 
 type Executor = Kysely<Tables> | Transaction<Tables>;
 
@@ -1414,10 +1455,18 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       );
       if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
       await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
+      // SQLite: every hold is numbered, so that the stamps of the account's earlier holds no longer hold.
+      const stamped = database.changeStamp
+        ? `${database.changeStamp()}:${numberHold(database, input.accountId)}`
+        : undefined;
+      const certain =
+        account.diem_stake_nano === 0n &&
+        (key === undefined || (key.limit_usd_nano === null && key.limit_diem_nano === null));
       return {
         reservation,
         before: balanceBefore(balance),
         availableNano: balance.usdAvailableNano - usdPart + balance.diemAvailableNano - diemPart,
+        stamp: certain ? stamped : undefined,
         within: extra,
       };
     }, EAGER);
@@ -1509,9 +1558,18 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
      * its period (charges plus held reservations) would be passed, NotFoundError for an unknown account or key.
      */
     async reserve(input: ReserveInput): Promise<ReserveResult> {
-      const { reservation, before, availableNano } = await reserveIn(input);
-      return { reservation, before, availableNano };
+      const { reservation, before, availableNano, stamp } = await reserveIn(input);
+      return { reservation, before, availableNano, stamp };
     },
+
+    /**
+     * SQLite: whether nothing that could lower what the account may hold has happened since the reservation of
+     * it stamped `stamp` (ReserveResult.stamp). Undefined on PostgreSQL, which cannot tell.
+     */
+    unchangedSince: database.changeStamp
+      ? (accountId: string, stamp: string): boolean =>
+          `${database.changeStamp?.()}:${holdsOf(database).latest.get(accountId) ?? 0}` === stamp
+      : undefined,
 
     /**
      * Charges the real cost of a held reservation and releases the rest. The total is capped at the

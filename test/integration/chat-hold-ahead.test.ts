@@ -165,7 +165,7 @@ const engines: Array<[string, () => Promise<string | undefined>]> = [
   ],
 ];
 
-describe.each(engines)('a chat through upstreams on %s', (_engine, databaseUrl) => {
+describe.each(engines)('a chat through upstreams on %s', (engine, databaseUrl) => {
   let server: ChatServer;
 
   beforeAll(async () => {
@@ -185,10 +185,10 @@ describe.each(engines)('a chat through upstreams on %s', (_engine, databaseUrl) 
     calls.length = 0;
   });
 
-  const principalOf = (accountId: string): ApiKeyPrincipal => ({
+  const principalOf = (accountId: string, keyId: string): ApiKeyPrincipal => ({
     kind: 'apiKey',
     accountId,
-    keyId: 'k',
+    keyId,
     keyType: 'INFERENCE',
   });
 
@@ -219,7 +219,7 @@ describe.each(engines)('a chat through upstreams on %s', (_engine, databaseUrl) 
       .execute();
   }
 
-  /** Holds all but `leftNano` of what the account can hold, behind the server's back (its judgement does not see it). */
+  /** Holds all but `leftNano` of what the account can hold, with a hold the judgement did not make. */
   async function drain(accountId: string, leftNano: bigint, requestId: string) {
     const balance = await server.services.ledger.getBalance(accountId);
     return server.services.ledger.reserve({
@@ -230,9 +230,28 @@ describe.each(engines)('a chat through upstreams on %s', (_engine, databaseUrl) 
     });
   }
 
+  /**
+   * `drain`, made right before the next hold of the server's ledger: after the judgement, as a writer elsewhere
+   * committing between a judgement and its hold would (the only way the judgement can be wrong on SQLite).
+   */
+  function drainAtNextHold(accountId: string, leftNano: bigint, requestId: string) {
+    const ledger = server.services.ledger;
+    const reserve = ledger.reserve;
+    let drained!: (reserved: Awaited<ReturnType<typeof drain>>) => void;
+    const made = new Promise<Awaited<ReturnType<typeof drain>>>((resolve) => {
+      drained = resolve;
+    });
+    ledger.reserve = async (input) => {
+      ledger.reserve = reserve;
+      drained(await drain(accountId, leftNano, requestId));
+      return reserve(input);
+    };
+    return made;
+  }
+
   test('behavior: the second request of an account holds while its call is on its way, and is billed as the first', async () => {
-    const { accountId, key } = await server.account('20');
-    const principal = principalOf(accountId);
+    const { accountId, key, keyId } = await server.account('20');
+    const principal = principalOf(accountId, keyId);
     expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(false);
     for (const stream of [false, true]) {
       const first = await chat(server, key, { model: 'quick-model', stream });
@@ -255,13 +274,13 @@ describe.each(engines)('a chat through upstreams on %s', (_engine, databaseUrl) 
   });
 
   test('behavior: a hold refused after its call left cancels the call and answers the 402 a hold made first answers; nothing is charged or held', async () => {
-    const { accountId, key } = await server.account('20');
-    const principal = principalOf(accountId);
+    const { accountId, key, keyId } = await server.account('20');
+    const principal = principalOf(accountId, keyId);
     for (const stream of [true, false]) {
       const before = await prime(key, accountId);
-      // Nearly everything held elsewhere: the judgement, which saw the balance before, still says yes.
-      const drained = await drain(accountId, 1n, `drain-${stream}`);
+      // Nearly everything held elsewhere between the judgement, which says yes, and the hold.
       expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(true);
+      const draining = drainAtNextHold(accountId, 1n, `drain-${stream}`);
       calls.length = 0;
 
       const ahead = await chat(server, key, { model: 'slow-model', stream });
@@ -281,6 +300,7 @@ describe.each(engines)('a chat through upstreams on %s', (_engine, databaseUrl) 
       expect(await first.json()).toEqual(aheadBody);
       expect(calls).toHaveLength(1);
 
+      const drained = await draining;
       expect(await charged(accountId)).toEqual(before);
       expect(await heldReservations(accountId)).toEqual([
         { request_id: `drain-${stream}`, usd_nano: drained.reservation.usdNano },
@@ -290,13 +310,58 @@ describe.each(engines)('a chat through upstreams on %s', (_engine, databaseUrl) 
     expect((await checkInvariants(server.services.database)).violations).toEqual([]);
   });
 
+  test('behavior: on SQLite the judgement sees a hold it did not make and another process’s commit: the next hold is made first, and a refused one calls nobody', async () => {
+    const { accountId, key, keyId } = await server.account('20');
+    const principal = principalOf(accountId, keyId);
+    const before = await prime(key, accountId);
+    expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(true);
+    // A hold made by this process without the judgement (in the server only through Charges; here directly).
+    const drained = await drain(accountId, 1n, 'drain-seen');
+    // PostgreSQL, whose instances each see only their own holds, cannot tell: there it still says yes.
+    expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(engine === 'PostgreSQL');
+    if (engine === 'PostgreSQL') {
+      await server.services.ledger.release(drained.reservation.id);
+      return;
+    }
+    calls.length = 0;
+    for (const stream of [true, false]) {
+      const refused = await chat(server, key, { model: 'slow-model', stream });
+      expect(refused.status).toBe(402);
+      await refused.text();
+    }
+    expect(calls).toEqual([]);
+    await server.services.ledger.release(drained.reservation.id);
+    await prime(key, accountId);
+    expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(true);
+    // Another key of the account: the judgement vouches only for the key of the hold it saw.
+    const { key: other } = await server.services.keys.create({ accountId, keyType: 'INFERENCE' });
+    expect(server.services.charges.holdsAhead(principalOf(accountId, other.id), USD / 1000n)).toBe(false);
+    // Another process writes to the file (the operator CLI, another worker): a top-up, which only adds.
+    const elsewhere = await createDatabase(server.services.config.databaseUrl);
+    try {
+      await createLedger(elsewhere).topUp({ accountId, amountNano: 1n });
+    } finally {
+      await elsewhere.close();
+    }
+    expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(false);
+    calls.length = 0;
+    const held = await chat(server, key, { model: 'quick-model' });
+    expect(held.status).toBe(200);
+    await held.text();
+    // Made first, then the call: the new hold's stamp holds again.
+    expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(true);
+    expect((await charged(accountId)).length).toBe(before.length * 3);
+    expect((await checkInvariants(server.services.database)).violations).toEqual([]);
+  });
+
   test('behavior: an upstream that answers before its hold is refused hands nothing on', async () => {
     const { accountId, key } = await server.account('20');
     for (const stream of [true, false]) {
       const before = await prime(key, accountId);
-      const drained = await drain(accountId, 1n, `drain-quick-${stream}`);
+      const draining = drainAtNextHold(accountId, 1n, `drain-quick-${stream}`);
       // The quick upstream answers at once (on PostgreSQL, often before the hold's round trip is back).
       const response = await chat(server, key, { model: 'quick-model', stream });
+      const drained = await draining;
       expect(response.status).toBe(402);
       expect(response.headers.get('content-type')).toContain('application/json');
       expect(await response.json()).toMatchObject({ error: expect.stringContaining('Insufficient') });
@@ -353,11 +418,12 @@ describe.each(engines)('a chat through upstreams on %s', (_engine, databaseUrl) 
       .execute();
     const full = BigInt(last?.usd_nano ?? 0n);
     expect(full).toBeGreaterThan(0n);
-    // Half of it left: the full bound no longer fits, a lower one does.
-    const drained = await drain(accountId, full / 2n, 'drain-bound');
+    // Half of it left once the judgement has said yes: the full bound no longer fits, a lower one does.
+    const draining = drainAtNextHold(accountId, full / 2n, 'drain-bound');
     calls.length = 0;
 
     const response = await chat(server, key, { model: 'slow-model', max_tokens: 4000 });
+    const drained = await draining;
     expect(response.status).toBe(200);
     expect(await response.json()).toMatchObject({ choices: [{ message: { content: 'Hello there' } }] });
     // The call made ahead asked for the full bound and was hung up on; the one made again asked for less.
@@ -382,19 +448,26 @@ describe('without CHAT_CALL_BEFORE_HOLD (the default)', () => {
       env: { UPSTREAM_TIMEOUT_MS: '5000' },
     });
     try {
-      const { accountId, key } = await server.account('20');
+      const { accountId, key, keyId } = await server.account('20');
       const primed = await chat(server, key, { model: 'quick-model' });
       expect(primed.status).toBe(200);
       await primed.text();
-      const balance = await server.services.ledger.getBalance(accountId);
-      await server.services.ledger.reserve({
-        accountId,
-        amountNano: balance.usdAvailableNano - 1n,
-        requestId: 'drain-default',
-        ttlMs: 60_000,
-      });
-      const principal: ApiKeyPrincipal = { kind: 'apiKey', accountId, keyId: 'k', keyType: 'INFERENCE' };
+      const principal: ApiKeyPrincipal = { kind: 'apiKey', accountId, keyId, keyType: 'INFERENCE' };
       expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(true);
+      // All but a nano-USD held elsewhere right before the next hold, after the judgement.
+      const ledger = server.services.ledger;
+      const reserve = ledger.reserve;
+      ledger.reserve = async (input) => {
+        ledger.reserve = reserve;
+        const balance = await ledger.getBalance(accountId);
+        await reserve({
+          accountId,
+          amountNano: balance.usdAvailableNano - 1n,
+          requestId: 'drain-default',
+          ttlMs: 60_000,
+        });
+        return reserve(input);
+      };
       calls.length = 0;
       for (const stream of [true, false]) {
         const refused = await chat(server, key, { model: 'slow-model', stream });

@@ -1079,6 +1079,69 @@ describe.each(engines)('storage on %s', (engine, open) => {
       expect(both.availableNano).toBe(1_500_000_000n);
       expect(both.availableNano).toBe(await available(staked.id));
     });
+
+    test('behavior: on SQLite a reservation is stamped, and the stamp tells any change that could lower what an account may hold', async () => {
+      const account = await fundedAccount(100n * USD);
+      const { key: plain } = await keys.create({ accountId: account.id, keyType: 'INFERENCE' });
+      const reserve = (amountNano: bigint, requestId: string, extra = {}) =>
+        ledger.reserve({ accountId: account.id, amountNano, requestId, ttlMs: 60_000, ...extra });
+      const first = await reserve(USD, 'stamp-1', { apiKeyId: plain.id });
+      if (engine === 'postgres') {
+        // Instances share the database and see only their own reservations: nothing to stamp with.
+        expect(first.stamp).toBeUndefined();
+        expect(ledger.unchangedSince).toBeUndefined();
+        return;
+      }
+      const unchangedSince = ledger.unchangedSince as (accountId: string, stamp: string) => boolean;
+      expect(first.stamp).toEqual(expect.any(String));
+      expect(unchangedSince(account.id, first.stamp as string)).toBe(true);
+      // What only adds to what accounts may hold leaves it: a top-up, a capture, a release, a read.
+      await ledger.topUp({ accountId: account.id, amountNano: USD });
+      await ledger.capture(first.reservation.id, { items: [{ sku: 'x', amountNano: USD / 2n }] });
+      await ledger.getBalance(account.id);
+      expect(unchangedSince(account.id, first.stamp as string)).toBe(true);
+      // A hold of another account leaves it; a later hold of the account changes it, and that hold's stamp
+      // holds in its turn.
+      await ledger.reserve({
+        accountId: (await fundedAccount(USD)).id,
+        amountNano: 1n,
+        requestId: 'stamp-x',
+        ttlMs: 60_000,
+      });
+      expect(unchangedSince(account.id, first.stamp as string)).toBe(true);
+      const second = await reserve(USD, 'stamp-2');
+      expect(unchangedSince(account.id, first.stamp as string)).toBe(false);
+      expect(unchangedSince(account.id, second.stamp as string)).toBe(true);
+      await ledger.release(second.reservation.id);
+      expect(unchangedSince(account.id, second.stamp as string)).toBe(true);
+      // A key's spend limit or an account's DIEM stake changed in this process.
+      await keys.update(plain.id, { description: 'renamed' });
+      expect(unchangedSince(account.id, second.stamp as string)).toBe(true);
+      await keys.update(plain.id, { limitUsdNano: 50n * USD });
+      expect(unchangedSince(account.id, second.stamp as string)).toBe(false);
+      const third = await reserve(USD, 'stamp-3');
+      await accounts.setDiemStake((await fundedAccount(0n)).id, USD);
+      expect(unchangedSince(account.id, third.stamp as string)).toBe(false);
+      // A commit of another connection to the file (the operator CLI, another worker).
+      const fourth = await reserve(USD, 'stamp-4');
+      const elsewhere = await createDatabase(opened.url);
+      try {
+        await createLedger(elsewhere, clock).topUp({ accountId: account.id, amountNano: 1n });
+      } finally {
+        await elsewhere.close();
+      }
+      expect(unchangedSince(account.id, fourth.stamp as string)).toBe(false);
+      // Not stamped where more than the credit and the holds decide: a key with a spend limit, a DIEM allowance.
+      expect((await reserve(USD, 'stamp-5', { apiKeyId: plain.id })).stamp).toBeUndefined();
+      const staked = await fundedAccount(10n * USD, USD);
+      const diem = await ledger.reserve({
+        accountId: staked.id,
+        amountNano: USD,
+        requestId: 'stamp-6',
+        ttlMs: 60_000,
+      });
+      expect(diem.stamp).toBeUndefined();
+    });
   });
 
   describe('DIEM allowance', () => {

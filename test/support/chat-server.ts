@@ -23,7 +23,10 @@ export type ChatServer = {
   /** POSTs `body` as JSON to `path` (under the base path) with `key` as the bearer token. */
   post(key: string, path: string, body: unknown): Promise<Response>;
   /** A new account with `usd` of credit and an INFERENCE key. */
-  account(usd: string, options?: { pro?: boolean }): Promise<{ accountId: string; key: string }>;
+  account(
+    usd: string,
+    options?: { pro?: boolean },
+  ): Promise<{ accountId: string; key: string; keyId: string }>;
   close(): Promise<void>;
 };
 
@@ -61,8 +64,8 @@ export async function startChatServer(
       const account = await services.accounts.createApiAccount({ pro: accountOptions.pro ?? false });
       if (usd !== '0')
         await services.ledger.topUp({ accountId: account.id, amountNano: parseUsdToNano(usd) });
-      const { secret } = await services.keys.create({ accountId: account.id, keyType: 'INFERENCE' });
-      return { accountId: account.id, key: secret };
+      const { key, secret } = await services.keys.create({ accountId: account.id, keyType: 'INFERENCE' });
+      return { accountId: account.id, key: secret, keyId: key.id };
     },
     async close() {
       server.closeAllConnections();

@@ -97,11 +97,22 @@ export function createCharges(deps: ChargesDeps) {
   const detached = new Map<string, Set<Promise<void>>>();
   const now = deps.now ?? (() => performance.now());
   /**
-   * By account: what it could still hold after its latest reservation made in this process and when (never:
-   * -Infinity), and the sum of the holds asked for and not yet made or refused. One record per account,
-   * updated in place (a reservation allocates nothing here); emptied when AHEAD_ACCOUNTS are kept.
+   * By account: what it could still hold after its latest reservation made in this process, when (never:
+   * -Infinity), with which key (null: none) and the storage's stamp of it (ReserveResult.stamp); and the sum
+   * of the holds asked for and not yet made or refused. One record per account, updated in place (a
+   * reservation allocates nothing here); emptied when AHEAD_ACCOUNTS are kept.
    */
-  const seen = new Map<string, { availableNano: bigint; atMs: number; makingNano: bigint }>();
+  const seen = new Map<
+    string,
+    {
+      availableNano: bigint;
+      atMs: number;
+      makingNano: bigint;
+      keyId: string | null;
+      stamp: string | undefined;
+    }
+  >();
+  const keyOf = (principal: Principal) => (principal.kind === 'apiKey' ? principal.keyId : null);
 
   /** What a failed reservation answers: a wallet short of balance gets the 402 with what to pay. */
   const refusal = (principal: Principal, amountNano: bigint, error: unknown): unknown =>
@@ -134,7 +145,13 @@ export function createCharges(deps: ChargesDeps) {
     let record = seen.get(accountId);
     if (!record) {
       if (seen.size >= AHEAD_ACCOUNTS) seen.clear();
-      record = { availableNano: 0n, atMs: Number.NEGATIVE_INFINITY, makingNano: 0n };
+      record = {
+        availableNano: 0n,
+        atMs: Number.NEGATIVE_INFINITY,
+        makingNano: 0n,
+        keyId: null,
+        stamp: undefined,
+      };
       seen.set(accountId, record);
     }
     record.makingNano += input.amountNano;
@@ -149,6 +166,8 @@ export function createCharges(deps: ChargesDeps) {
     }
     record.availableNano = reserved.availableNano;
     record.atMs = now();
+    record.keyId = keyOf(principal);
+    record.stamp = reserved.stamp;
     deps.reserved?.(principal, reserved.before);
     return reserved;
   }
@@ -157,19 +176,33 @@ export function createCharges(deps: ChargesDeps) {
     /**
      * Whether a hold of `amountNano` for the caller is as good as certain, so that the work it pays for may
      * start while the hold is being made (the chat's upstream call: ChatService). Yes when the account's latest
-     * reservation made in this process, at most AHEAD_TTL_MS ago, left it at least AHEAD_MARGIN times this
-     * amount beyond the holds being made meanwhile (counted from the moment they are asked for, so that a
-     * burst of requests is judged against what the burst takes). Never for a key with a spend limit: its
-     * limit, not the account, may refuse. A judgement only: the hold itself decides, as ever, and the caller
-     * delivers nothing and charges nothing before it is made; what a wrong judgement costs is work started
-     * and cancelled. What the account gets back meanwhile (captures, top-ups) is not counted: the judgement
-     * errs on the side of no.
+     * reservation made in this process, at most AHEAD_TTL_MS ago and with the caller's own key, left it at
+     * least AHEAD_MARGIN times this amount beyond the holds being made meanwhile (counted from the moment they
+     * are asked for, so that a burst of requests is judged against what the burst takes). Never for a key with
+     * a spend limit: its limit, not the account, may refuse.
+     *
+     * Where the storage can tell (SQLite: LedgerRepository.unchangedSince), also only when nothing has changed
+     * since that reservation but writes that add to what the account may hold: no other connection (the
+     * operator CLI, another worker) has committed, and this process has made no later hold of the account and
+     * changed no key limit or DIEM stake. Then the account can still hold what that reservation left (its hold was not
+     * stamped when a DIEM allowance or a spend limit also decided it), and only a writer elsewhere committing
+     * between this judgement and the hold, a fraction of a millisecond, can still make it wrong. PostgreSQL,
+     * shared by instances that each see their own reservations only, has no such stamp: there the judgement
+     * trusts what it saw for AHEAD_TTL_MS.
+     *
+     * A judgement only: the hold itself decides, as ever, and the caller delivers nothing and charges nothing
+     * before it is made; what a wrong judgement costs is work started and cancelled. What the account gets back
+     * meanwhile (captures, top-ups) is not counted: the judgement errs on the side of no.
      */
     holdsAhead(principal: Principal, amountNano: bigint): boolean {
       if (principal.kind === 'apiKey' && principal.spendLimited === true) return false;
       const record = seen.get(principal.accountId);
-      if (!record || now() - record.atMs > AHEAD_TTL_MS) return false;
-      return record.availableNano - record.makingNano >= AHEAD_MARGIN * amountNano;
+      if (!record || now() - record.atMs > AHEAD_TTL_MS || record.keyId !== keyOf(principal)) return false;
+      if (record.availableNano - record.makingNano < AHEAD_MARGIN * amountNano) return false;
+      const unchangedSince = deps.ledger.unchangedSince;
+      return (
+        !unchangedSince || (record.stamp !== undefined && unchangedSince(principal.accountId, record.stamp))
+      );
     },
 
     /** Reserves `amountNano` for the caller, or throws the 402 to answer with. */
