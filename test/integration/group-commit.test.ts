@@ -138,19 +138,20 @@ describe('group commit (SQLite)', () => {
     await quiet();
     // Two callbacks of one turn: one group of two.
     await new Promise<void>((resolve) => {
-      setTimeout(() => void appendOne('first'), 0);
-      setTimeout(() => void appendOne('second').then(() => resolve()), 0);
+      setImmediate(() => void appendOne('first'));
+      setImmediate(() => void appendOne('second').then(() => resolve()));
     });
     expect(await beforeTheTurn('eager, busy', EAGER)).toBe('turn');
-    // Two eager ones asked for by two callbacks of one turn while busy: they still share a group.
+    // Two eager ones asked for by two callbacks of one turn while busy: they still share a group. (Immediates,
+    // as above: two `setTimeout(0)` can fall in two turns.)
     statements.length = 0;
     const pending: Promise<number>[] = [];
     await new Promise<void>((resolve) => {
-      setTimeout(() => pending.push(appendOne('eager 1', EAGER)), 0);
-      setTimeout(() => {
+      setImmediate(() => pending.push(appendOne('eager 1', EAGER)));
+      setImmediate(() => {
         pending.push(appendOne('eager 2', EAGER));
         resolve();
-      }, 0);
+      });
     });
     expect(await Promise.all(pending)).toEqual([3, 4]);
     expect(statements.filter((s) => s === 'commit')).toHaveLength(1);
