@@ -3,7 +3,7 @@
  * top-up or sign-in). Balances live here but only the ledger changes them.
  */
 import type { Selectable } from 'kysely';
-import type { Database } from './database.ts';
+import { type Database, withChangeNoted } from './database.ts';
 import { InvalidInputError, NotFoundError } from './errors.ts';
 import { assertAmount, type RepositoryOptions, resolveOptions, toNumber } from './internal.ts';
 import type { AccountsTable } from './schema.ts';
@@ -138,9 +138,8 @@ export function createAccounts(database: Database, options: RepositoryOptions = 
     /** Sets the daily DIEM allowance (nano-USD per UTC day). Takes effect for today's remaining allowance. */
     async setDiemStake(id: string, diemStakeNano: bigint): Promise<Account> {
       assertAmount('diemStakeNano', diemStakeNano);
-      // The allowance decides what a hold may take: noted before and after (ReserveResult.stamp).
-      database.noteChange?.();
-      try {
+      // The allowance decides what a hold may take.
+      return withChangeNoted(database, async () => {
         const row = await db
           .updateTable('accounts')
           .set({ diem_stake_nano: diemStakeNano })
@@ -149,9 +148,7 @@ export function createAccounts(database: Database, options: RepositoryOptions = 
           .executeTakeFirst();
         if (!row) throw new NotFoundError('account', id);
         return toAccount(row);
-      } finally {
-        database.noteChange?.();
-      }
+      });
     },
 
     /** Marks the account pro (higher rate-limit tier) or not. */

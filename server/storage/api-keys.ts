@@ -4,7 +4,7 @@
  */
 import { hash, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Selectable, Updateable } from 'kysely';
-import type { Database } from './database.ts';
+import { type Database, withChangeNoted } from './database.ts';
 import { InvalidInputError, type LimitPeriod, NotFoundError } from './errors.ts';
 import { type RepositoryOptions, resolveOptions, toNumber, toNumberOrNull } from './internal.ts';
 import type { ApiKeysTable } from './schema.ts';
@@ -247,11 +247,7 @@ export function createApiKeys(database: Database, options: ApiKeysOptions = {}) 
       if (patch.limitPeriod !== undefined) set.limit_period = patch.limitPeriod;
       if (patch.modelPrivacy !== undefined) set.model_privacy = patch.modelPrivacy;
       if (Object.keys(set).length === 0) return get(id);
-      // A spend limit decides what a hold may take: noted before and after it is written, so that a
-      // reservation's stamp from either side of the write no longer holds (ReserveResult.stamp).
-      const limits = 'limit_usd_nano' in set || 'limit_diem_nano' in set || 'limit_period' in set;
-      if (limits) database.noteChange?.();
-      try {
+      const write = async () => {
         const row = await db
           .updateTable('api_keys')
           .set(set)
@@ -260,9 +256,10 @@ export function createApiKeys(database: Database, options: ApiKeysOptions = {}) 
           .executeTakeFirst();
         if (!row) throw new NotFoundError('api key', id);
         return toApiKey(row);
-      } finally {
-        if (limits) database.noteChange?.();
-      }
+      };
+      // A spend limit decides what a hold may take.
+      const limits = 'limit_usd_nano' in set || 'limit_diem_nano' in set || 'limit_period' in set;
+      return limits ? withChangeNoted(database, write) : write();
     },
 
     /** Revokes the key (soft delete). Idempotent: the first revocation time is kept. */

@@ -78,6 +78,20 @@ export type Database = {
   noteChange?(): void;
 };
 
+/**
+ * Runs `write`, a change that decides what a hold may take (a key's spend limit, a DIEM stake), with a change
+ * noted before and after it (Database.noteChange): a reservation stamped on either side of the write no
+ * longer holds once it is done (ReserveResult.stamp).
+ */
+export async function withChangeNoted<T>(database: Database, write: () => Promise<T>): Promise<T> {
+  database.noteChange?.();
+  try {
+    return await write();
+  } finally {
+    database.noteChange?.();
+  }
+}
+
 export type CreateDatabaseOptions = {
   /** PostgreSQL pool size (default 10). */
   poolMax?: number;

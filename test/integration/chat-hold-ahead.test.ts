@@ -157,6 +157,47 @@ async function until(ok: () => boolean): Promise<void> {
   for (let i = 0; i < 200 && !ok(); i++) await new Promise((resolve) => setTimeout(resolve, 25));
 }
 
+/** Holds all but `leftNano` of what the account can hold, with a hold the judgement did not make. */
+async function drain(server: ChatServer, accountId: string, leftNano: bigint, requestId: string) {
+  const balance = await server.services.ledger.getBalance(accountId);
+  return server.services.ledger.reserve({
+    accountId,
+    amountNano: balance.usdAvailableNano - leftNano,
+    requestId,
+    ttlMs: 60_000,
+  });
+}
+
+/**
+ * `drain`, made right before the next hold of the server's ledger: after the judgement, as a writer elsewhere
+ * committing between a judgement and its hold would (the only way the judgement can be wrong on SQLite).
+ */
+function drainAtNextHold(server: ChatServer, accountId: string, leftNano: bigint, requestId: string) {
+  const ledger = server.services.ledger;
+  const reserve = ledger.reserve;
+  let drained!: (reserved: Awaited<ReturnType<typeof drain>>) => void;
+  const made = new Promise<Awaited<ReturnType<typeof drain>>>((resolve) => {
+    drained = resolve;
+  });
+  ledger.reserve = async (input) => {
+    ledger.reserve = reserve;
+    drained(await drain(server, accountId, leftNano, requestId));
+    return reserve(input);
+  };
+  return made;
+}
+
+/** A streamed and a non-streamed request of the slow model, each refused with a 402, and no upstream called. */
+async function refusedCallingNobody(server: ChatServer, key: string): Promise<void> {
+  calls.length = 0;
+  for (const stream of [true, false]) {
+    const refused = await chat(server, key, { model: 'slow-model', stream });
+    expect(refused.status).toBe(402);
+    await refused.text();
+  }
+  expect(calls).toEqual([]);
+}
+
 const engines: Array<[string, () => Promise<string | undefined>]> = [
   ['SQLite', async () => undefined],
   [
@@ -219,36 +260,6 @@ describe.each(engines)('a chat through upstreams on %s', (engine, databaseUrl) =
       .execute();
   }
 
-  /** Holds all but `leftNano` of what the account can hold, with a hold the judgement did not make. */
-  async function drain(accountId: string, leftNano: bigint, requestId: string) {
-    const balance = await server.services.ledger.getBalance(accountId);
-    return server.services.ledger.reserve({
-      accountId,
-      amountNano: balance.usdAvailableNano - leftNano,
-      requestId,
-      ttlMs: 60_000,
-    });
-  }
-
-  /**
-   * `drain`, made right before the next hold of the server's ledger: after the judgement, as a writer elsewhere
-   * committing between a judgement and its hold would (the only way the judgement can be wrong on SQLite).
-   */
-  function drainAtNextHold(accountId: string, leftNano: bigint, requestId: string) {
-    const ledger = server.services.ledger;
-    const reserve = ledger.reserve;
-    let drained!: (reserved: Awaited<ReturnType<typeof drain>>) => void;
-    const made = new Promise<Awaited<ReturnType<typeof drain>>>((resolve) => {
-      drained = resolve;
-    });
-    ledger.reserve = async (input) => {
-      ledger.reserve = reserve;
-      drained(await drain(accountId, leftNano, requestId));
-      return reserve(input);
-    };
-    return made;
-  }
-
   test('behavior: the second request of an account holds while its call is on its way, and is billed as the first', async () => {
     const { accountId, key, keyId } = await server.account('20');
     const principal = principalOf(accountId, keyId);
@@ -280,7 +291,7 @@ describe.each(engines)('a chat through upstreams on %s', (engine, databaseUrl) =
       const before = await prime(key, accountId);
       // Nearly everything held elsewhere between the judgement, which says yes, and the hold.
       expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(true);
-      const draining = drainAtNextHold(accountId, 1n, `drain-${stream}`);
+      const draining = drainAtNextHold(server, accountId, 1n, `drain-${stream}`);
       calls.length = 0;
 
       const ahead = await chat(server, key, { model: 'slow-model', stream });
@@ -316,20 +327,14 @@ describe.each(engines)('a chat through upstreams on %s', (engine, databaseUrl) =
     const before = await prime(key, accountId);
     expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(true);
     // A hold made by this process without the judgement (in the server only through Charges; here directly).
-    const drained = await drain(accountId, 1n, 'drain-seen');
+    const drained = await drain(server, accountId, 1n, 'drain-seen');
     // PostgreSQL, whose instances each see only their own holds, cannot tell: there it still says yes.
     expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(engine === 'PostgreSQL');
     if (engine === 'PostgreSQL') {
       await server.services.ledger.release(drained.reservation.id);
       return;
     }
-    calls.length = 0;
-    for (const stream of [true, false]) {
-      const refused = await chat(server, key, { model: 'slow-model', stream });
-      expect(refused.status).toBe(402);
-      await refused.text();
-    }
-    expect(calls).toEqual([]);
+    await refusedCallingNobody(server, key);
     await server.services.ledger.release(drained.reservation.id);
     await prime(key, accountId);
     expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(true);
@@ -358,7 +363,7 @@ describe.each(engines)('a chat through upstreams on %s', (engine, databaseUrl) =
     const { accountId, key } = await server.account('20');
     for (const stream of [true, false]) {
       const before = await prime(key, accountId);
-      const draining = drainAtNextHold(accountId, 1n, `drain-quick-${stream}`);
+      const draining = drainAtNextHold(server, accountId, 1n, `drain-quick-${stream}`);
       // The quick upstream answers at once (on PostgreSQL, often before the hold's round trip is back).
       const response = await chat(server, key, { model: 'quick-model', stream });
       const drained = await draining;
@@ -419,7 +424,7 @@ describe.each(engines)('a chat through upstreams on %s', (engine, databaseUrl) =
     const full = BigInt(last?.usd_nano ?? 0n);
     expect(full).toBeGreaterThan(0n);
     // Half of it left once the judgement has said yes: the full bound no longer fits, a lower one does.
-    const draining = drainAtNextHold(accountId, full / 2n, 'drain-bound');
+    const draining = drainAtNextHold(server, accountId, full / 2n, 'drain-bound');
     calls.length = 0;
 
     const response = await chat(server, key, { model: 'slow-model', max_tokens: 4000 });
@@ -455,26 +460,8 @@ describe('without CHAT_CALL_BEFORE_HOLD (the default)', () => {
       const principal: ApiKeyPrincipal = { kind: 'apiKey', accountId, keyId, keyType: 'INFERENCE' };
       expect(server.services.charges.holdsAhead(principal, USD / 1000n)).toBe(true);
       // All but a nano-USD held elsewhere right before the next hold, after the judgement.
-      const ledger = server.services.ledger;
-      const reserve = ledger.reserve;
-      ledger.reserve = async (input) => {
-        ledger.reserve = reserve;
-        const balance = await ledger.getBalance(accountId);
-        await reserve({
-          accountId,
-          amountNano: balance.usdAvailableNano - 1n,
-          requestId: 'drain-default',
-          ttlMs: 60_000,
-        });
-        return reserve(input);
-      };
-      calls.length = 0;
-      for (const stream of [true, false]) {
-        const refused = await chat(server, key, { model: 'slow-model', stream });
-        expect(refused.status).toBe(402);
-        await refused.text();
-      }
-      expect(calls).toEqual([]);
+      void drainAtNextHold(server, accountId, 1n, 'drain-default');
+      await refusedCallingNobody(server, key);
     } finally {
       await server.close();
     }
