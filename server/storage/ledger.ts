@@ -276,16 +276,19 @@ function holdsOf(database: Database) {
   return holds;
 }
 
-/** A hold of `accountId` made now (SQLite): its number. */
-function numberHold(database: Database, accountId: string): number {
+/** A hold of `accountId` made now (SQLite): numbered, so that the stamps of the account's earlier holds no longer hold. */
+function numberHold(database: Database, accountId: string): void {
   const holds = holdsOf(database);
   if (holds.latest.size >= HOLD_ACCOUNTS && !holds.latest.has(accountId)) {
     holds.latest.clear();
     database.noteChange?.();
   }
-  const number = holds.next++;
-  holds.latest.set(accountId, number);
-  return number;
+  holds.latest.set(accountId, holds.next++);
+}
+
+/** The account's stamp now (SQLite): the database's change stamp with the number of the account's latest hold. */
+function accountStamp(database: Database, changeStamp: () => string, accountId: string): string {
+  return `${changeStamp()}:${holdsOf(database).latest.get(accountId) ?? 0}`;
 }
 
 type Executor = Kysely<Tables> | Transaction<Tables>;
@@ -499,6 +502,8 @@ function amountsOf(split: ReturnType<typeof splitCharge>): Omit<CaptureResult, '
 
 /** The ledger repository. */
 export function createLedger(database: Database, options: LedgerOptions = {}) {
+  /** SQLite's change stamp (Database.changeStamp); none on PostgreSQL. */
+  const changeStamp = database.changeStamp;
   const { db, dialect } = database;
   const { now, randomId } = resolveOptions(options);
 
@@ -1455,18 +1460,16 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       );
       if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
       await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
-      // SQLite: every hold is numbered, so that the stamps of the account's earlier holds no longer hold.
-      const stamped = database.changeStamp
-        ? `${database.changeStamp()}:${numberHold(database, input.accountId)}`
-        : undefined;
+      if (changeStamp) numberHold(database, input.accountId);
       const certain =
+        changeStamp !== undefined &&
         account.diem_stake_nano === 0n &&
         (key === undefined || (key.limit_usd_nano === null && key.limit_diem_nano === null));
       return {
         reservation,
         before: balanceBefore(balance),
         availableNano: balance.usdAvailableNano - usdPart + balance.diemAvailableNano - diemPart,
-        stamp: certain ? stamped : undefined,
+        stamp: certain ? accountStamp(database, changeStamp, input.accountId) : undefined,
         within: extra,
       };
     }, EAGER);
@@ -1566,9 +1569,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
      * SQLite: whether nothing that could lower what the account may hold has happened since the reservation of
      * it stamped `stamp` (ReserveResult.stamp). Undefined on PostgreSQL, which cannot tell.
      */
-    unchangedSince: database.changeStamp
+    unchangedSince: changeStamp
       ? (accountId: string, stamp: string): boolean =>
-          `${database.changeStamp?.()}:${holdsOf(database).latest.get(accountId) ?? 0}` === stamp
+          accountStamp(database, changeStamp, accountId) === stamp
       : undefined,
 
     /**

@@ -123,7 +123,7 @@ export function createCharges(deps: ChargesDeps) {
   /** The ledger's reservation of `amountNano` for the caller (charged to its key, when it used one). */
   const reserveInput = (principal: Principal, input: HoldInput) => ({
     accountId: principal.accountId,
-    apiKeyId: principal.kind === 'apiKey' ? principal.keyId : null,
+    apiKeyId: keyOf(principal),
     amountNano: input.amountNano,
     requestId: input.requestId,
     modelId: input.modelId ?? null,
