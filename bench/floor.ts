@@ -25,7 +25,8 @@
  *
  * The forwards go out as the server's do: undici's dispatcher with kept-alive connections per upstream and a
  * handler's callbacks (`server/providers/upstream-connections.ts`), so that the floor stays below what the
- * server can do with its client.
+ * server can do with its client. Its event loop polls after arrivals and answers as the server's does
+ * (`server/http/idle-poll.ts`, `IDLE_POLL_US`).
  *
  * Env: `PORT`; `FLOOR_DB`: a migrated SQLite file with the funded account and key of `FLOOR_KEY` (bench/setup.ts
  * `fundedKey`); `FLOOR_UPSTREAM`: the upstream's origin for `/rpc` and `/proxy`; `FLOOR_CHAT_UPSTREAM`: the chat
@@ -35,6 +36,7 @@ import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import Sqlite from 'better-sqlite3';
 import { type Dispatcher, Pool } from 'undici';
+import { IDLE_POLL_US, pollWhileServing } from '../server/http/idle-poll.ts';
 import { UPSTREAM_CONNECTIONS } from '../server/providers/upstream-connections.ts';
 import {
   CHECKPOINT_INTERVAL_MS,
@@ -418,5 +420,8 @@ const server = createServer((req, res) => {
   req.on('data', (chunk: Buffer) => chunks.push(chunk));
   req.on('end', () => handle(req, res, Buffer.concat(chunks)));
 });
+// Polling after arrivals and answers as the server does (server/http/idle-poll.ts, `IDLE_POLL_US`), so that
+// the floor's wake-ups are the server's.
+pollWhileServing(server, Number(process.env.IDLE_POLL_US ?? IDLE_POLL_US));
 server.listen(Number(process.env.PORT ?? 0), '127.0.0.1');
 process.on('SIGTERM', () => server.close(() => void checkpointer.stop().finally(() => process.exit(0))));

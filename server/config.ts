@@ -6,6 +6,7 @@
 import { hostname } from 'node:os';
 import { z } from 'zod';
 import { RPC_NETWORK_SLUGS, upstreamListSchema, upstreamVariable } from './domains/rpc/networks.ts';
+import { IDLE_POLL_US } from './http/idle-poll.ts';
 import { CHECKPOINT_INTERVAL_MS } from './storage/database.ts';
 
 const bool = z
@@ -40,6 +41,7 @@ const variables = z.object({
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   CORS_ORIGINS: z.string().default('*'),
   SHUTDOWN_GRACE_MS: z.coerce.number().int().min(0).max(600_000).default(10_000),
+  IDLE_POLL_US: z.coerce.number().int().min(0).max(100_000).default(IDLE_POLL_US),
   WORKERS: z.coerce.number().int().min(1).max(64).default(1),
   SERVICE_HOST_NAME: z.string().min(1).default(hostname()),
   SERVICE_COLO: z
@@ -130,6 +132,8 @@ const schema = variables.transform((env) => ({
     .map((o) => o.trim())
     .filter(Boolean),
   shutdownGraceMs: env.SHUTDOWN_GRACE_MS,
+  /** How long the event loop keeps polling after a request arrives or an answer is sent (µs; http/idle-poll.ts). */
+  idlePollUs: env.IDLE_POLL_US,
   /** Worker processes `main.ts` forks on this machine (node:cluster); 1 runs the server in this process. */
   workers: env.WORKERS,
   hostName: env.SERVICE_HOST_NAME,

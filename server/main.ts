@@ -14,6 +14,7 @@ import { bootstrap } from './bootstrap.ts';
 import { superviseWorkers } from './cluster.ts';
 import { type Config, ConfigError, loadConfig } from './config.ts';
 import { answerClientErrors } from './http/client-errors.ts';
+import { pollWhileServing } from './http/idle-poll.ts';
 import { createHttpServer } from './http/server.ts';
 import { createServices, type Services } from './services.ts';
 
@@ -83,6 +84,7 @@ async function serve(services: Services) {
   // Requests and responses built on Express's prototypes from the start (see http/server.ts).
   const server: Server = createHttpServer(app);
   answerClientErrors(server);
+  pollWhileServing(server, config.idlePollUs);
   server.listen(config.port, config.host);
   await new Promise<void>((resolve, reject) => {
     server.once('listening', resolve);

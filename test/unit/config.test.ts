@@ -16,6 +16,7 @@ describe('loadConfig', () => {
       validateResponses: true,
       databasePreparedStatements: true,
       sqliteCheckpointIntervalMs: 10,
+      idlePollUs: 500,
     });
     expect(loadConfig({ DATABASE_PREPARED_STATEMENTS: 'false' }).databasePreparedStatements).toBe(false);
   });
@@ -26,6 +27,13 @@ describe('loadConfig', () => {
       expect(() => loadConfig({ SQLITE_CHECKPOINT_INTERVAL_MS: bad })).toThrow(
         /SQLITE_CHECKPOINT_INTERVAL_MS/,
       );
+  });
+
+  test('behavior: IDLE_POLL_US is a whole number of µs from 0 (off) to 0.1 s', () => {
+    expect(loadConfig({ IDLE_POLL_US: '0' }).idlePollUs).toBe(0);
+    expect(loadConfig({ IDLE_POLL_US: '2000' }).idlePollUs).toBe(2000);
+    for (const bad of ['-1', '2.5', 'always', '100001'])
+      expect(() => loadConfig({ IDLE_POLL_US: bad })).toThrow(/IDLE_POLL_US/);
   });
 
   test('behavior: responses are validated outside production unless switched off', () => {
