@@ -16,7 +16,11 @@ import pino from 'pino';
 import { afterAll, expect, test } from 'vitest';
 import { loadConfig } from '../../server/config.ts';
 import { createServices } from '../../server/services.ts';
-import { CHECKPOINT_INTERVAL_MS, createDatabase } from '../../server/storage/database.ts';
+import {
+  CHECKPOINT_INTERVAL_MS,
+  createDatabase,
+  nextCheckpointDelay,
+} from '../../server/storage/database.ts';
 import { migrate } from '../../server/storage/migrations.ts';
 import { repoRoot } from '../support/contract.ts';
 
@@ -59,6 +63,49 @@ test('a worker thread checkpoints the WAL into the database file; commits leave 
       if (found < 20) await new Promise((resolve) => setTimeout(resolve, 20));
     }
     expect(found).toBe(20);
+  } finally {
+    await database.close();
+  }
+});
+
+test('while the WAL stays as it was, the thread looks half as often each time, down to one look per 4 intervals', () => {
+  const waits: number[] = [];
+  let wait = 10;
+  for (let look = 0; look < 6; look++) {
+    wait = nextCheckpointDelay(wait, false, 10);
+    waits.push(wait);
+  }
+  expect(waits).toEqual([20, 40, 40, 40, 40, 40]);
+  // A look that finds new frames brings it back to the interval.
+  expect(nextCheckpointDelay(40, true, 10)).toBe(10);
+  expect(nextCheckpointDelay(10, true, 10)).toBe(10);
+});
+
+test('a write after a quiet spell is checkpointed all the same, and the next ones too', async () => {
+  const file = join(scratch, 'quiet.sqlite');
+  const database = await createDatabase(`sqlite:${file}`, { checkpointIntervalMs: 20 });
+  const inMainFile = async (count: number) => {
+    let found = 0;
+    for (let attempt = 0; attempt < 500 && found < count; attempt++) {
+      found = rowsInMainFile(file);
+      if (found < count) await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    return found;
+  };
+  try {
+    await migrate(database);
+    // Quiet long enough for the thread to back off to its longest wait (80 ms).
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    await database.db
+      .insertInto('rate_limit_counters')
+      .values({ bucket: 'a', window_start_ms: 0, used: 1 })
+      .execute();
+    expect(await inMainFile(1)).toBe(1);
+    await database.db
+      .insertInto('rate_limit_counters')
+      .values({ bucket: 'b', window_start_ms: 0, used: 1 })
+      .execute();
+    expect(await inMainFile(2)).toBe(2);
   } finally {
     await database.close();
   }
