@@ -87,31 +87,30 @@ describe('pollWhileServing', () => {
         req.on('error', reject);
         req.end();
       });
+    /** Whether the loop still polls `ms` of the test's clock later, once its next turns have run. */
+    const pollingAfter = async (ms: number) => {
+      clock += ms;
+      await turns(2);
+      return poll.polling();
+    };
     try {
       expect(poll.polling()).toBe(false);
       expect(await get('/one')).toBe('/one');
       // Polling since the answer (10 ms + 0.5 ms), not only since the arrival (0 + 0.5 ms).
       expect(poll.polling()).toBe(true);
-      clock += 0.4;
-      await turns(2);
-      expect(poll.polling()).toBe(true);
-      clock += 0.2;
-      await turns(2);
-      expect(poll.polling()).toBe(false);
+      expect(await pollingAfter(0.4)).toBe(true);
+      expect(await pollingAfter(0.2)).toBe(false);
       expect(await get('/two')).toBe('/two');
       expect(poll.polling()).toBe(true);
       // Polling from the arrival, before any answer.
-      clock += 1;
-      await turns(2);
-      expect(poll.polling()).toBe(false);
+      expect(await pollingAfter(1)).toBe(false);
       const answer = get('/held');
       while (!held) await new Promise((resolve) => setTimeout(resolve, 1));
       expect(poll.polling()).toBe(true);
       // A request arriving while another is served ends the window, and its answer (one still served) does
       // not start one: only a request served alone is polled for.
       expect(await get('/quick')).toBe('/quick');
-      await turns(2);
-      expect(poll.polling()).toBe(false);
+      expect(await pollingAfter(0)).toBe(false);
       // The last answer does.
       held?.();
       expect(await answer).toBe('/held');
