@@ -439,10 +439,14 @@ export function startCheckpointer(filename: string, intervalMs: number): { stop(
         return true;
       }
     };
+    // Each look due \`delay\` after the last one was due (as setInterval keeps its beat), not after it ended.
     let delay = workerData.intervalMs;
+    let due = performance.now() + delay;
     const tick = () => {
       delay = nextDelay(delay, checkpoint(), workerData.intervalMs);
-      timer = setTimeout(tick, delay);
+      const now = performance.now();
+      due = Math.max(due + delay, now);
+      timer = setTimeout(tick, due - now);
     };
     let timer = setTimeout(tick, delay);
     parentPort.on('message', () => { clearTimeout(timer); checkpoint(); db.close(); parentPort.close(); });
