@@ -25,8 +25,8 @@
  *
  * The forwards go out as the server's do: undici's dispatcher with kept-alive connections per upstream and a
  * handler's callbacks (`server/providers/upstream-connections.ts`), so that the floor stays below what the
- * server can do with its client. Its event loop polls after arrivals and answers as the server's does
- * (`server/http/idle-poll.ts`, `IDLE_POLL_US`).
+ * server can do with its client. Its event loop polls after a lone request's arrival and answer as the
+ * server's does (`server/http/idle-poll.ts`, `IDLE_POLL_US`).
  *
  * Env: `PORT`; `FLOOR_DB`: a migrated SQLite file with the funded account and key of `FLOOR_KEY` (bench/setup.ts
  * `fundedKey`); `FLOOR_UPSTREAM`: the upstream's origin for `/rpc` and `/proxy`; `FLOOR_CHAT_UPSTREAM`: the chat
@@ -420,8 +420,8 @@ const server = createServer((req, res) => {
   req.on('data', (chunk: Buffer) => chunks.push(chunk));
   req.on('end', () => handle(req, res, Buffer.concat(chunks)));
 });
-// Polling after arrivals and answers as the server does (server/http/idle-poll.ts, `IDLE_POLL_US`), so that
-// the floor's wake-ups are the server's.
+// Polling after a lone request's arrival and answer as the server does (server/http/idle-poll.ts,
+// `IDLE_POLL_US`), so that the floor's wake-ups are the server's.
 pollWhileServing(server, Number(process.env.IDLE_POLL_US ?? IDLE_POLL_US));
 server.listen(Number(process.env.PORT ?? 0), '127.0.0.1');
 process.on('SIGTERM', () => server.close(() => void checkpointer.stop().finally(() => process.exit(0))));

@@ -132,7 +132,7 @@ const schema = variables.transform((env) => ({
     .map((o) => o.trim())
     .filter(Boolean),
   shutdownGraceMs: env.SHUTDOWN_GRACE_MS,
-  /** How long the event loop keeps polling after a request arrives or an answer is sent (µs; http/idle-poll.ts). */
+  /** µs the event loop keeps polling after a lone request arrives and after its answer (http/idle-poll.ts). */
   idlePollUs: env.IDLE_POLL_US,
   /** Worker processes `main.ts` forks on this machine (node:cluster); 1 runs the server in this process. */
   workers: env.WORKERS,

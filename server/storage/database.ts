@@ -395,14 +395,15 @@ export const SAFETY_CHECKPOINT_PAGES = 20_000;
 export const CHECKPOINT_INTERVAL_MS = 10;
 
 /**
- * The checkpointer thread's wait before its next look, after a look that waited `lastMs` and `found` new frames
- * in the WAL (or did not): the interval again after a look that found some, twice the last wait after one
- * that found none, at most 4 intervals (40 ms by default). A thread woken every 10 ms costs a process that
- * serves nothing about 2.5% of a vCPU on this VM (each wake-up of its halted vCPU about 120 µs of CPU, the
- * empty checkpoint itself 6 µs); a quarter of that when backed off. No further: the first look after a quiet
- * spell comes up to 4 intervals after the first write, and copies all the WAL written meanwhile at once (about 100 KB per billed request, see
- * below; the fourteenth round's checkpoints 200 ms apart raised the proxies' p99 by 0.5 to 0.9 ms). From then on, every interval again. Run on the thread
- * from its source text (`toString`): self-contained.
+ * The checkpointer thread's wait before its next look, after a look that waited `lastMs` and `found` new
+ * frames in the WAL (or did not): the interval again after a look that found some, twice the last wait after
+ * one that found none, at most 4 intervals (40 ms by default). A thread woken every 10 ms costs a process
+ * that serves nothing about 2.5% of a vCPU on this VM (each wake-up of its halted vCPU about 120 µs of CPU,
+ * the empty checkpoint itself 6 µs); a quarter of that when backed off. No further: the first look after a
+ * quiet spell comes up to 4 intervals after the first write and copies all the WAL written meanwhile at once
+ * (about 100 KB per billed request, see below; the fourteenth round's checkpoints 200 ms apart raised the
+ * proxies' p99 by 0.5 to 0.9 ms). From then on, every interval again. Run on the thread from its source text
+ * (`toString`): self-contained.
  */
 export function nextCheckpointDelay(lastMs: number, found: boolean, intervalMs: number): number {
   return found ? intervalMs : Math.min(lastMs * 2, intervalMs * 4);
@@ -413,10 +414,9 @@ export function nextCheckpointDelay(lastMs: number, found: boolean, intervalMs: 
  * `intervalMs` while the WAL grows, less often while it does not (`nextCheckpointDelay`). With WAL and
  * `synchronous = NORMAL` a commit only appends to the WAL (no fsync); the fsyncs happen when the WAL is
  * copied back into the database file, and SQLite's default does that inside the commit that crosses 1,000
- * pages, which stalls the event loop for milliseconds (p99 of a commit 8 ms, up to 100 ms
- * on a shared disk). A PASSIVE checkpoint never blocks readers or writers of other connections, and the
- * durability is the same: what a commit wrote survives a crash of the process at once, and a power loss
- * after the next checkpoint.
+ * pages, which stalls the event loop for milliseconds (p99 of a commit 8 ms, up to 100 ms on a shared disk).
+ * A PASSIVE checkpoint never blocks readers or writers of other connections, and the durability is the same:
+ * what a commit wrote survives a crash of the process at once, and a power loss after the next checkpoint.
  */
 export function startCheckpointer(filename: string, intervalMs: number): { stop(): Promise<void> } {
   const worker = new Worker(
