@@ -1,0 +1,250 @@
+/**
+ * `npm run bench:ab -- <rev>`: an A/B of the server in this working tree (B) against the server at git
+ * revision `<rev>` (A, checked out in a temporary worktree that shares this tree's `node_modules`). Both run
+ * as `npm start` runs them, each on its own SQLite file, beside one chat upstream (`upstream.ts`) and one
+ * anvil. Every round measures, for each server in turn (the order alternating by round): chats per second on
+ * the local engine at 16 connections, then one request at a time in turns with its upstream called directly
+ * (measure.ts, `latencies`) the chat upstream adapter and the JSON-RPC proxy, whose added p50 and p99 are the
+ * proxy's less the upstream's.
+ *
+ * Half the rounds run with A started first, half (after both are restarted) with B started first: in some
+ * minutes the server started first read about 25 µs and 4% better in an A/B of two equal servers
+ * (bench/HISTORY.md, twenty-first round), so a change of that size needs both. The report gives each
+ * metric's medians, in how many rounds B was better, and B's difference by which server started first.
+ *
+ * A change the harness's runs cannot show (they move by 0.05 ms from one run to the next on the bench VM) is
+ * measured this way. Knobs: `AB_ROUNDS` (default 6, rounded up to even), `AB_COUNT` (requests per one-at-a-time
+ * measurement, default 2000), `AB_DURATION` (seconds per throughput run, default 3), `AB_A_ENV` and
+ * `AB_B_ENV` (JSON objects added to each server's environment: `AB_B_ENV='{"IDLE_POLL_US":"0"}'` with `<rev>`
+ * HEAD compares a setting). Writes `bench/results/ab.json` and `ab.md`. Every process it starts is stopped by
+ * its pid and the worktree removed, also when a step fails.
+ */
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, relative } from 'node:path';
+import { startAnvil } from '../test/support/anvil.ts';
+import { repoRoot } from '../test/support/contract.ts';
+import { latencies, median, type Target, throughput } from './measure.ts';
+import { type Child, startNodeChild, stopAll, track } from './processes.ts';
+import { catalogOverride, chatBody, fundedKey, json, RPC_BODY, serverEnv } from './setup.ts';
+
+/** What one round measured of one server. */
+export type Side = {
+  adapterP50Us: number;
+  adapterP99Us: number;
+  rpcP50Us: number;
+  rpcP99Us: number;
+  chatsPerSecond: number;
+};
+
+export type AbRound = { startedFirst: 'A' | 'B'; a: Side; b: Side };
+
+/** The metrics of a side, how each reads in the report, and whether lower is better. */
+export const METRICS: ReadonlyArray<{ key: keyof Side; label: string; lowerIsBetter: boolean }> = [
+  { key: 'adapterP50Us', label: 'chat upstream adapter added p50 µs', lowerIsBetter: true },
+  { key: 'adapterP99Us', label: 'chat upstream adapter added p99 µs', lowerIsBetter: true },
+  { key: 'rpcP50Us', label: 'JSON-RPC proxy added p50 µs', lowerIsBetter: true },
+  { key: 'rpcP99Us', label: 'JSON-RPC proxy added p99 µs', lowerIsBetter: true },
+  { key: 'chatsPerSecond', label: 'chats/s at 16 connections (local engine)', lowerIsBetter: false },
+];
+
+export type SummaryRow = {
+  label: string;
+  a: number;
+  b: number;
+  /** Rounds in which B was better (lower, or higher for chats/s), of `rounds`. */
+  bBetter: number;
+  rounds: number;
+  /** Median of B less A over the rounds that A started first, and over those B started first. */
+  deltaAFirst: number | undefined;
+  deltaBFirst: number | undefined;
+};
+
+/** Each metric's medians over the rounds, B's wins, and B's difference by which server started first. */
+export function summarize(rounds: readonly AbRound[]): SummaryRow[] {
+  const deltas = (metric: keyof Side, first: 'A' | 'B') => {
+    const values = rounds.filter((r) => r.startedFirst === first).map((r) => r.b[metric] - r.a[metric]);
+    return values.length > 0 ? median(values) : undefined;
+  };
+  return METRICS.map(({ key, label, lowerIsBetter }) => ({
+    label,
+    a: median(rounds.map((r) => r.a[key])),
+    b: median(rounds.map((r) => r.b[key])),
+    bBetter: rounds.filter((r) => (lowerIsBetter ? r.b[key] < r.a[key] : r.b[key] > r.a[key])).length,
+    rounds: rounds.length,
+    deltaAFirst: deltas(key, 'A'),
+    deltaBFirst: deltas(key, 'B'),
+  }));
+}
+
+/** The report as markdown. */
+export function renderAb(rev: string, rows: readonly SummaryRow[]): string {
+  const n = (value: number | undefined) => (value === undefined ? '-' : value.toFixed(0));
+  return [
+    `A/B: A = ${rev}, B = the working tree`,
+    '',
+    '| metric | A (median) | B (median) | B better in | B - A, A started first | B - A, B started first |',
+    '|---|---|---|---|---|---|',
+    ...rows.map(
+      (r) =>
+        `| ${r.label} | ${n(r.a)} | ${n(r.b)} | ${r.bBetter} of ${r.rounds} | ${n(r.deltaAFirst)} | ${n(r.deltaBFirst)} |`,
+    ),
+    '',
+  ].join('\n');
+}
+
+const int = (name: string, fallback: number) => {
+  const value = Number.parseInt(process.env[name] ?? '', 10);
+  return Number.isSafeInteger(value) && value > 0 ? value : fallback;
+};
+const envOf = (name: string): Record<string, string> => {
+  const text = process.env[name];
+  if (!text) return {};
+  const parsed: unknown = JSON.parse(text);
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed))
+    throw new Error(`${name} must be a JSON object of variables`);
+  return Object.fromEntries(Object.entries(parsed).map(([k, v]) => [k, String(v)]));
+};
+const log = (message: string) => process.stderr.write(`[ab] ${message}\n`);
+
+async function main(): Promise<void> {
+  const rev = process.argv[2];
+  if (!rev || rev.startsWith('-')) {
+    process.stderr.write('usage: npm run bench:ab -- <git revision>\n');
+    process.exit(2);
+  }
+  const commit = execFileSync('git', ['rev-parse', '--verify', `${rev}^{commit}`], { cwd: repoRoot })
+    .toString()
+    .trim();
+  const rounds = Math.ceil(int('AB_ROUNDS', 6) / 2) * 2;
+  const count = int('AB_COUNT', 2000);
+  const duration = int('AB_DURATION', 3);
+  const envA = envOf('AB_A_ENV');
+  const envB = envOf('AB_B_ENV');
+
+  const scratch = mkdtempSync(join(tmpdir(), 'svc-ab-'));
+  const tree = join(scratch, 'tree');
+  execFileSync('git', ['worktree', 'add', '--detach', tree, commit], { cwd: repoRoot, stdio: 'ignore' });
+  const linked = join(tree, 'node_modules');
+  symlinkSync(join(repoRoot, 'node_modules'), linked);
+  let cleaned: Promise<void> | undefined;
+  const cleanUp = () => {
+    cleaned ??= stopAll().finally(() => {
+      rmSync(linked, { force: true });
+      execFileSync('git', ['worktree', 'remove', '--force', tree], { cwd: repoRoot, stdio: 'ignore' });
+      rmSync(scratch, { recursive: true, force: true });
+    });
+    return cleaned;
+  };
+  const interrupted = () => {
+    log('interrupted: stopping every process and removing the worktree');
+    void cleanUp().finally(() => process.exit(130));
+  };
+  process.on('SIGINT', interrupted);
+  process.on('SIGTERM', interrupted);
+  try {
+    const upstream = await startNodeChild('upstream', 'bench/upstream.ts', {}, '/');
+    const anvil = await startAnvil();
+    track(anvil.pid, () => anvil.stop());
+    const catalogPath = join(scratch, 'catalog.yaml');
+    writeFileSync(catalogPath, catalogOverride(upstream.origin));
+    const direct: Target = {
+      url: `${upstream.origin}/v1/chat/completions`,
+      method: 'POST',
+      headers: json(),
+      body: chatBody('bench-upstream', true, 16),
+    };
+    const anvilDirect: Target = { url: anvil.url, method: 'POST', headers: json(), body: RPC_BODY };
+
+    const results: AbRound[] = [];
+    for (const startedFirst of ['A', 'B'] as const) {
+      // Fresh servers and files for each half, started in that half's order.
+      const start = async (side: 'A' | 'B') => {
+        const url = `sqlite:${join(scratch, `${side}-${startedFirst}.db`)}`;
+        const key = await fundedKey(url);
+        // startNodeChild takes a path from the repository's root.
+        const script =
+          side === 'A' ? relative(repoRoot, join(tree, 'server', 'start.mjs')) : 'server/start.mjs';
+        const env = serverEnv(url, catalogPath, {
+          RPC_UPSTREAM_BASE_MAINNET: anvil.url,
+          ...(side === 'A' ? envA : envB),
+        });
+        return { child: await startNodeChild(`server ${side}`, script, env, '/healthz'), key };
+      };
+      const servers: Record<'A' | 'B', { child: Child; key: string }> = {} as never;
+      for (const side of startedFirst === 'A' ? (['A', 'B'] as const) : (['B', 'A'] as const))
+        servers[side] = await start(side);
+      try {
+        for (let round = 0; round < rounds / 2; round++) {
+          const order = round % 2 === 0 ? (['A', 'B'] as const) : (['B', 'A'] as const);
+          const sides = {} as Record<'A' | 'B', Side>;
+          for (const side of order) {
+            const { child, key } = servers[side];
+            const api = `${child.origin}/api/v1`;
+            const chats = await throughput(
+              {
+                url: `${api}/chat/completions`,
+                method: 'POST',
+                headers: json(key),
+                body: chatBody('llama-3.3-70b', false, 16),
+              },
+              duration,
+              16,
+            );
+            const [adapter, upstreamItself] = await latencies(
+              [
+                { url: `${api}/chat/completions`, method: 'POST', headers: json(key), body: direct.body },
+                direct,
+              ],
+              count,
+              { warmup: 300 },
+            );
+            const [rpc, anvilItself] = await latencies(
+              [
+                { url: `${api}/crypto/rpc/base-mainnet`, method: 'POST', headers: json(key), body: RPC_BODY },
+                anvilDirect,
+              ],
+              count,
+              { warmup: 300 },
+            );
+            if (!adapter || !upstreamItself || !rpc || !anvilItself)
+              throw new Error('a measurement is missing');
+            sides[side] = {
+              adapterP50Us: adapter.p50Us - upstreamItself.p50Us,
+              adapterP99Us: adapter.p99Us - upstreamItself.p99Us,
+              rpcP50Us: rpc.p50Us - anvilItself.p50Us,
+              rpcP99Us: rpc.p99Us - anvilItself.p99Us,
+              chatsPerSecond: chats.rps,
+            };
+          }
+          const result: AbRound = { startedFirst, a: sides.A, b: sides.B };
+          results.push(result);
+          log(
+            `${startedFirst} first, round ${round + 1}: adapter ${result.a.adapterP50Us.toFixed(0)} / ${result.b.adapterP50Us.toFixed(0)} µs, ` +
+              `JSON-RPC ${result.a.rpcP50Us.toFixed(0)} / ${result.b.rpcP50Us.toFixed(0)} µs, ` +
+              `chats/s ${result.a.chatsPerSecond.toFixed(0)} / ${result.b.chatsPerSecond.toFixed(0)} (A / B)`,
+          );
+        }
+      } finally {
+        await Promise.all([servers.A?.child.stop(), servers.B?.child.stop()]);
+      }
+    }
+    const markdown = renderAb(`${rev} (${commit.slice(0, 12)})`, summarize(results));
+    process.stdout.write(markdown);
+    const out = join(repoRoot, 'bench', 'results');
+    mkdirSync(out, { recursive: true });
+    writeFileSync(join(out, 'ab.json'), `${JSON.stringify({ rev, commit, rounds: results }, null, 2)}\n`);
+    writeFileSync(join(out, 'ab.md'), markdown);
+  } finally {
+    await cleanUp();
+  }
+}
+
+// Run as a script only (the test imports the summary).
+if (process.argv[1] && /bench[/\\]ab\.ts$/.test(process.argv[1])) {
+  main().catch(async (error: unknown) => {
+    process.stderr.write(`[ab] failed: ${(error as Error).stack ?? String(error)}\n`);
+    process.exitCode = 1;
+  });
+}

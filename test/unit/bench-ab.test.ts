@@ -1,0 +1,55 @@
+/**
+ * The A/B tool's summary (bench/ab.ts): each metric's medians, the rounds B was better in (lower latency, more
+ * chats per second), and B's difference by which server was started first.
+ */
+import { expect, test } from 'vitest';
+import { type AbRound, renderAb, type Side, summarize } from '../../bench/ab.ts';
+
+const side = (adapter: number, rpc: number, chats: number): Side => ({
+  adapterP50Us: adapter,
+  adapterP99Us: adapter * 3,
+  rpcP50Us: rpc,
+  rpcP99Us: rpc * 3,
+  chatsPerSecond: chats,
+});
+
+const rounds: AbRound[] = [
+  { startedFirst: 'A', a: side(600, 400, 4000), b: side(500, 380, 4100) },
+  { startedFirst: 'A', a: side(620, 420, 3900), b: side(540, 430, 3800) },
+  { startedFirst: 'B', a: side(640, 440, 4200), b: side(520, 400, 4300) },
+  { startedFirst: 'B', a: side(580, 410, 4000), b: side(560, 420, 4000) },
+];
+
+test('behavior: medians, the rounds B was better in, and B less A by which server started first', () => {
+  const rows = summarize(rounds);
+  const adapter = rows.find((r) => r.label.startsWith('chat upstream adapter added p50'));
+  expect(adapter).toEqual({
+    label: 'chat upstream adapter added p50 µs',
+    a: 610,
+    b: 530,
+    bBetter: 4,
+    rounds: 4,
+    deltaAFirst: -90, // -100 and -80
+    deltaBFirst: -70, // -120 and -20
+  });
+  const rpc = rows.find((r) => r.label.startsWith('JSON-RPC proxy added p50'));
+  expect(rpc).toMatchObject({ a: 415, b: 410, bBetter: 2, deltaAFirst: -5, deltaBFirst: -15 });
+  // More chats per second is better; a tie is not a win.
+  const chats = rows.find((r) => r.label.startsWith('chats/s'));
+  expect(chats).toMatchObject({ a: 4000, b: 4050, bBetter: 2, deltaAFirst: 0, deltaBFirst: 50 });
+  expect(rows.map((r) => r.label)).toEqual([
+    'chat upstream adapter added p50 µs',
+    'chat upstream adapter added p99 µs',
+    'JSON-RPC proxy added p50 µs',
+    'JSON-RPC proxy added p99 µs',
+    'chats/s at 16 connections (local engine)',
+  ]);
+});
+
+test('behavior: a half without rounds has no difference to report, and the markdown says so', () => {
+  const rows = summarize(rounds.filter((r) => r.startedFirst === 'A'));
+  expect(rows[0]).toMatchObject({ rounds: 2, deltaBFirst: undefined });
+  const markdown = renderAb('HEAD~1', rows);
+  expect(markdown).toContain('A/B: A = HEAD~1, B = the working tree');
+  expect(markdown).toContain('| chat upstream adapter added p50 µs | 610 | 520 | 2 of 2 | -90 | - |');
+});
