@@ -26,7 +26,7 @@ import { join, relative } from 'node:path';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
 import { latencies, median, type Target, throughput } from './measure.ts';
-import { type Child, startNodeChild, stopAll, track } from './processes.ts';
+import { type Child, cleanUpOnInterrupt, startNodeChild, stopAll, track } from './processes.ts';
 import { catalogOverride, chatBody, fundedKey, json, RPC_BODY, serverEnv } from './setup.ts';
 
 /** What one round measured of one server. */
@@ -137,12 +137,7 @@ async function main(): Promise<void> {
     });
     return cleaned;
   };
-  const interrupted = () => {
-    log('interrupted: stopping every process and removing the worktree');
-    void cleanUp().finally(() => process.exit(130));
-  };
-  process.on('SIGINT', interrupted);
-  process.on('SIGTERM', interrupted);
+  cleanUpOnInterrupt(log, cleanUp);
   try {
     const upstream = await startNodeChild('upstream', 'bench/upstream.ts', {}, '/');
     const anvil = await startAnvil();

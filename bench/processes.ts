@@ -37,6 +37,22 @@ export async function stopAll(): Promise<void> {
   await Promise.all(all.map(([, stop]) => stop().catch(() => {})));
 }
 
+/**
+ * On Ctrl-C or SIGTERM: says so, runs `cleanUp` (by default, stops every process this run started), then
+ * exits 130.
+ */
+export function cleanUpOnInterrupt(
+  say: (message: string) => void,
+  cleanUp: () => Promise<unknown> = stopAll,
+): void {
+  const interrupted = () => {
+    say('interrupted: stopping every process');
+    void cleanUp().finally(() => process.exit(130));
+  };
+  process.on('SIGINT', interrupted);
+  process.on('SIGTERM', interrupted);
+}
+
 function statusField(pid: number, field: string): number {
   try {
     const line = readFileSync(`/proc/${pid}/status`, 'utf8')

@@ -33,7 +33,7 @@ import {
   type Throughput,
   throughput,
 } from './measure.ts';
-import { type Child, rssOf, startNodeChild, stopAll, track } from './processes.ts';
+import { type Child, cleanUpOnInterrupt, rssOf, startNodeChild, stopAll, track } from './processes.ts';
 import { type Report, renderMarkdown, renderTable } from './report.ts';
 import { catalogOverride, chatBody, fundedKey, json, RPC_BODY, serverEnv } from './setup.ts';
 
@@ -443,12 +443,7 @@ function header(): Pick<Report, 'when' | 'machine' | 'settings'> {
 }
 
 let exitCode = 0;
-const interrupted = () => {
-  log('interrupted: stopping every process');
-  void stopAll().finally(() => process.exit(130));
-};
-process.on('SIGINT', interrupted);
-process.on('SIGTERM', interrupted);
+cleanUpOnInterrupt(log);
 try {
   const report = await main();
   const dir = join(repoRoot, 'bench', 'results');
