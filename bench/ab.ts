@@ -25,9 +25,19 @@ import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
-import { latencies, median, type Target, throughput } from './measure.ts';
+import { latencies, median, throughput } from './measure.ts';
 import { type Child, cleanUpOnInterrupt, startNodeChild, stopAll, track } from './processes.ts';
-import { catalogOverride, chatBody, fundedKey, json, RPC_BODY, serverEnv } from './setup.ts';
+import {
+  adapterTarget,
+  catalogOverride,
+  envInt,
+  fundedKey,
+  localChatTarget,
+  nodeTarget,
+  rpcTarget,
+  serverEnv,
+  upstreamTarget,
+} from './setup.ts';
 
 /** What one round measured of one server. */
 export type Side = {
@@ -94,10 +104,6 @@ export function renderAb(rev: string, rows: readonly SummaryRow[]): string {
   ].join('\n');
 }
 
-const int = (name: string, fallback: number) => {
-  const value = Number.parseInt(process.env[name] ?? '', 10);
-  return Number.isSafeInteger(value) && value > 0 ? value : fallback;
-};
 const envOf = (name: string): Record<string, string> => {
   const text = process.env[name];
   if (!text) return {};
@@ -107,6 +113,8 @@ const envOf = (name: string): Record<string, string> => {
   return Object.fromEntries(Object.entries(parsed).map(([k, v]) => [k, String(v)]));
 };
 const log = (message: string) => process.stderr.write(`[ab] ${message}\n`);
+/** Both sides, `first` first. */
+const inOrder = (first: 'A' | 'B') => (first === 'A' ? (['A', 'B'] as const) : (['B', 'A'] as const));
 
 async function main(): Promise<void> {
   const rev = process.argv[2];
@@ -117,9 +125,9 @@ async function main(): Promise<void> {
   const commit = execFileSync('git', ['rev-parse', '--verify', `${rev}^{commit}`], { cwd: repoRoot })
     .toString()
     .trim();
-  const rounds = Math.ceil(int('AB_ROUNDS', 6) / 2) * 2;
-  const count = int('AB_COUNT', 2000);
-  const duration = int('AB_DURATION', 3);
+  const rounds = Math.ceil(envInt('AB_ROUNDS', 6) / 2) * 2;
+  const count = envInt('AB_COUNT', 2000);
+  const duration = envInt('AB_DURATION', 3);
   const envA = envOf('AB_A_ENV');
   const envB = envOf('AB_B_ENV');
 
@@ -144,13 +152,9 @@ async function main(): Promise<void> {
     track(anvil.pid, () => anvil.stop());
     const catalogPath = join(scratch, 'catalog.yaml');
     writeFileSync(catalogPath, catalogOverride(upstream.origin));
-    const direct: Target = {
-      url: `${upstream.origin}/v1/chat/completions`,
-      method: 'POST',
-      headers: json(),
-      body: chatBody('bench-upstream', true, 16),
-    };
-    const anvilDirect: Target = { url: anvil.url, method: 'POST', headers: json(), body: RPC_BODY };
+    const direct = upstreamTarget(upstream.origin);
+    const anvilDirect = nodeTarget(anvil.url);
+    const turns = { warmup: 300 };
 
     const results: AbRound[] = [];
     for (const startedFirst of ['A', 'B'] as const) {
@@ -167,41 +171,23 @@ async function main(): Promise<void> {
         });
         return { child: await startNodeChild(`server ${side}`, script, env, '/healthz'), key };
       };
-      const servers: Record<'A' | 'B', { child: Child; key: string }> = {} as never;
-      for (const side of startedFirst === 'A' ? (['A', 'B'] as const) : (['B', 'A'] as const))
-        servers[side] = await start(side);
+      const servers = {} as Record<'A' | 'B', { child: Child; key: string }>;
+      for (const side of inOrder(startedFirst)) servers[side] = await start(side);
       try {
         for (let round = 0; round < rounds / 2; round++) {
-          const order = round % 2 === 0 ? (['A', 'B'] as const) : (['B', 'A'] as const);
           const sides = {} as Record<'A' | 'B', Side>;
-          for (const side of order) {
+          for (const side of inOrder(round % 2 === 0 ? 'A' : 'B')) {
             const { child, key } = servers[side];
-            const api = `${child.origin}/api/v1`;
-            const chats = await throughput(
-              {
-                url: `${api}/chat/completions`,
-                method: 'POST',
-                headers: json(key),
-                body: chatBody('llama-3.3-70b', false, 16),
-              },
-              duration,
-              16,
-            );
+            const chats = await throughput(localChatTarget(child.origin, key), duration, 16);
             const [adapter, upstreamItself] = await latencies(
-              [
-                { url: `${api}/chat/completions`, method: 'POST', headers: json(key), body: direct.body },
-                direct,
-              ],
+              [adapterTarget(child.origin, key), direct],
               count,
-              { warmup: 300 },
+              turns,
             );
             const [rpc, anvilItself] = await latencies(
-              [
-                { url: `${api}/crypto/rpc/base-mainnet`, method: 'POST', headers: json(key), body: RPC_BODY },
-                anvilDirect,
-              ],
+              [rpcTarget(child.origin, key), anvilDirect],
               count,
-              { warmup: 300 },
+              turns,
             );
             if (!adapter || !upstreamItself || !rpc || !anvilItself)
               throw new Error('a measurement is missing');
@@ -238,7 +224,7 @@ async function main(): Promise<void> {
 
 // Run as a script only (the test imports the summary).
 if (process.argv[1] && /bench[/\\]ab\.ts$/.test(process.argv[1])) {
-  main().catch(async (error: unknown) => {
+  main().catch((error: unknown) => {
     process.stderr.write(`[ab] failed: ${(error as Error).stack ?? String(error)}\n`);
     process.exitCode = 1;
   });

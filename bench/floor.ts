@@ -37,6 +37,7 @@ import { createServer, type IncomingMessage, type ServerResponse } from 'node:ht
 import Sqlite from 'better-sqlite3';
 import { type Dispatcher, Pool } from 'undici';
 import { IDLE_POLL_US, pollWhileServing } from '../server/http/idle-poll.ts';
+import { createInFlight } from '../server/http/in-flight.ts';
 import { UPSTREAM_CONNECTIONS } from '../server/providers/upstream-connections.ts';
 import {
   CHECKPOINT_INTERVAL_MS,
@@ -414,7 +415,9 @@ function handle(req: IncomingMessage, res: ServerResponse, payload: Buffer): voi
   else reply(res, 404, '{"error":"not found"}');
 }
 
+const inFlight = createInFlight();
 const server = createServer((req, res) => {
+  inFlight.track(res);
   if (req.method !== 'POST') return reply(res, 200, '{"floor":true}');
   const chunks: Buffer[] = [];
   req.on('data', (chunk: Buffer) => chunks.push(chunk));
@@ -422,6 +425,6 @@ const server = createServer((req, res) => {
 });
 // Polling after a lone request's arrival and answer as the server does (server/http/idle-poll.ts,
 // `IDLE_POLL_US`), so that the floor's wake-ups are the server's.
-pollWhileServing(server, Number(process.env.IDLE_POLL_US ?? IDLE_POLL_US));
+pollWhileServing(server, inFlight, Number(process.env.IDLE_POLL_US ?? IDLE_POLL_US));
 server.listen(Number(process.env.PORT ?? 0), '127.0.0.1');
 process.on('SIGTERM', () => server.close(() => void checkpointer.stop().finally(() => process.exit(0))));

@@ -35,7 +35,20 @@ import {
 } from './measure.ts';
 import { type Child, cleanUpOnInterrupt, rssOf, startNodeChild, stopAll, track } from './processes.ts';
 import { type Report, renderMarkdown, renderTable } from './report.ts';
-import { catalogOverride, chatBody, fundedKey, json, RPC_BODY, serverEnv } from './setup.ts';
+import {
+  adapterTarget,
+  catalogOverride,
+  chatBody,
+  envInt,
+  fundedKey,
+  json,
+  localChatTarget,
+  nodeTarget,
+  RPC_BODY,
+  rpcTarget,
+  serverEnv,
+  upstreamTarget,
+} from './setup.ts';
 
 const quick = process.argv.includes('--quick') || process.env.BENCH_QUICK === '1';
 const onlyArg = process.argv.indexOf('--only');
@@ -44,19 +57,15 @@ if (only !== undefined && only !== 'streams') {
   process.stderr.write(`[bench] unknown --only/BENCH_ONLY value: ${only} (known: streams)\n`);
   process.exit(2);
 }
-const int = (name: string, fallback: number) => {
-  const value = Number.parseInt(process.env[name] ?? '', 10);
-  return Number.isSafeInteger(value) && value > 0 ? value : fallback;
-};
 const settings = {
   quick,
   onlyStreams: only === 'streams',
-  durationS: int('BENCH_DURATION', quick ? 2 : 4),
-  rounds: int('BENCH_ROUNDS', quick ? 2 : 3),
-  connections: int('BENCH_CONNECTIONS', 16),
-  streams: int('BENCH_STREAMS', quick ? 500 : 1000),
-  latencyCount: int('BENCH_LATENCY_COUNT', quick ? 1000 : 2000),
-  latencyTurn: int('BENCH_LATENCY_TURN', 100),
+  durationS: envInt('BENCH_DURATION', quick ? 2 : 4),
+  rounds: envInt('BENCH_ROUNDS', quick ? 2 : 3),
+  connections: envInt('BENCH_CONNECTIONS', 16),
+  streams: envInt('BENCH_STREAMS', quick ? 500 : 1000),
+  latencyCount: envInt('BENCH_LATENCY_COUNT', quick ? 1000 : 2000),
+  latencyTurn: envInt('BENCH_LATENCY_TURN', 100),
 };
 
 /**
@@ -143,19 +152,8 @@ async function main(): Promise<Report> {
   );
 
   const api = (server: Child) => `${server.origin}/api/v1`;
-  // The chat upstream adapter's request on a server, and the same request to the upstream itself.
-  const adapterOn = (server: Child, key: string): Target => ({
-    url: `${api(server)}/chat/completions`,
-    method: 'POST',
-    headers: json(key),
-    body: chatBody('bench-upstream', true, 16),
-  });
-  const upstreamItself: Target = {
-    url: `${upstream.origin}/v1/chat/completions`,
-    method: 'POST',
-    headers: json(),
-    body: chatBody('bench-upstream', true, 16),
-  };
+  // The chat upstream adapter's request to the upstream itself.
+  const upstreamItself = upstreamTarget(upstream.origin);
   const throughputTargets: Array<{ id: string; label: string; target: Target; child: Child | number }> = [
     {
       id: 'ceiling',
@@ -183,34 +181,19 @@ async function main(): Promise<Report> {
     {
       id: 'chatSqlite',
       label: 'chat, local engine, API key, SQLite (full path)',
-      target: {
-        url: `${api(onSqlite)}/chat/completions`,
-        method: 'POST',
-        headers: json(sqliteKey),
-        body: chatBody('llama-3.3-70b', false, 16),
-      },
+      target: localChatTarget(onSqlite.origin, sqliteKey),
       child: onSqlite,
     },
     {
       id: 'chatBudget',
       label: 'chat, local engine, API key with a daily spend limit, SQLite',
-      target: {
-        url: `${api(onSqlite)}/chat/completions`,
-        method: 'POST',
-        headers: json(budgetKey),
-        body: chatBody('llama-3.3-70b', false, 16),
-      },
+      target: localChatTarget(onSqlite.origin, budgetKey),
       child: onSqlite,
     },
     {
       id: 'chatPostgres',
       label: 'chat, local engine, API key, PostgreSQL (full path)',
-      target: {
-        url: `${api(onPostgres)}/chat/completions`,
-        method: 'POST',
-        headers: json(postgresKey),
-        body: chatBody('llama-3.3-70b', false, 16),
-      },
+      target: localChatTarget(onPostgres.origin, postgresKey),
       child: onPostgres,
     },
     {
@@ -227,42 +210,32 @@ async function main(): Promise<Report> {
     {
       id: 'rpcProxy',
       label: 'RPC proxy -> anvil (eth_blockNumber)',
-      target: {
-        url: `${api(onSqlite)}/crypto/rpc/base-mainnet`,
-        method: 'POST',
-        headers: json(sqliteKey),
-        body: RPC_BODY,
-      },
+      target: rpcTarget(onSqlite.origin, sqliteKey),
       child: onSqlite,
     },
     {
       id: 'rpcPostgres',
       label: 'RPC proxy -> anvil, PostgreSQL',
-      target: {
-        url: `${api(onPostgres)}/crypto/rpc/base-mainnet`,
-        method: 'POST',
-        headers: json(postgresKey),
-        body: RPC_BODY,
-      },
+      target: rpcTarget(onPostgres.origin, postgresKey),
       child: onPostgres,
     },
     {
       id: 'rpcDirect',
       label: 'anvil directly (eth_blockNumber)',
-      target: { url: anvil.url, method: 'POST', headers: json(), body: RPC_BODY },
+      target: nodeTarget(anvil.url),
       child: anvil.pid,
     },
     {
       id: 'upstreamProxy',
       label: 'chat upstream adapter -> local upstream (streamed)',
-      target: adapterOn(onSqlite, sqliteKey),
+      target: adapterTarget(onSqlite.origin, sqliteKey),
       child: onSqlite,
     },
     {
       // Under load too, so that it is as warm as the default when it is measured one request at a time.
       id: 'upstreamAhead',
       label: 'the same with CHAT_CALL_BEFORE_HOLD=true (off by default)',
-      target: adapterOn(ahead, aheadKey),
+      target: adapterTarget(ahead.origin, aheadKey),
       child: ahead,
     },
     {

@@ -16,6 +16,7 @@ import {
   migrate,
 } from '../server/storage/index.ts';
 import { repoRoot } from '../test/support/contract.ts';
+import type { Target } from './measure.ts';
 
 /** The catalogue override: the chat model with limits out of the way, and one model behind the upstream. */
 export function catalogOverride(upstreamOrigin: string): string {
@@ -114,3 +115,44 @@ export const json = (key?: string) => ({
   'content-type': 'application/json',
   ...(key ? { authorization: `Bearer ${key}` } : {}),
 });
+
+/** The positive whole number in the environment variable `name`, or `fallback` when unset or not one. */
+export function envInt(name: string, fallback: number): number {
+  const value = Number.parseInt(process.env[name] ?? '', 10);
+  return Number.isSafeInteger(value) && value > 0 ? value : fallback;
+}
+
+/** A non-streamed chat on the local engine, on the server at `origin` with `key`. */
+export const localChatTarget = (origin: string, key: string): Target => ({
+  url: `${origin}/api/v1/chat/completions`,
+  method: 'POST',
+  headers: json(key),
+  body: chatBody('llama-3.3-70b', false, 16),
+});
+
+/** A streamed chat through the chat upstream adapter (the catalogue override's model), on the server at `origin`. */
+export const adapterTarget = (origin: string, key: string): Target => ({
+  url: `${origin}/api/v1/chat/completions`,
+  method: 'POST',
+  headers: json(key),
+  body: chatBody('bench-upstream', true, 16),
+});
+
+/** The same streamed chat sent to the upstream at `origin` itself (bench/upstream.ts). */
+export const upstreamTarget = (origin: string): Target => ({
+  url: `${origin}/v1/chat/completions`,
+  method: 'POST',
+  headers: json(),
+  body: chatBody('bench-upstream', true, 16),
+});
+
+/** The JSON-RPC call through the proxy of the server at `origin`. */
+export const rpcTarget = (origin: string, key: string): Target => ({
+  url: `${origin}/api/v1/crypto/rpc/base-mainnet`,
+  method: 'POST',
+  headers: json(key),
+  body: RPC_BODY,
+});
+
+/** The same JSON-RPC call sent to the node at `url` itself. */
+export const nodeTarget = (url: string): Target => ({ url, method: 'POST', headers: json(), body: RPC_BODY });

@@ -84,7 +84,8 @@ async function serve(services: Services) {
   // Requests and responses built on Express's prototypes from the start (see http/server.ts).
   const server: Server = createHttpServer(app);
   answerClientErrors(server);
-  pollWhileServing(server, config.idlePollUs);
+  // Counted by the app's in-flight requests (every request passes its first layer).
+  if (services.app.inFlight) pollWhileServing(server, services.app.inFlight, config.idlePollUs);
   server.listen(config.port, config.host);
   await new Promise<void>((resolve, reject) => {
     server.once('listening', resolve);

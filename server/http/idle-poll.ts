@@ -25,9 +25,11 @@
  * need: 3% fewer chats per second at 16 connections when every request kept the loop polling.
  */
 import type { Server } from 'node:http';
+
 // From node:perf_hooks and node:timers, not the globals: fake timers in tests replace the globals.
 import { performance } from 'node:perf_hooks';
 import { setImmediate } from 'node:timers';
+import type { InFlight } from './in-flight.ts';
 
 export type IdlePoll = {
   /** Keeps the loop polling for the window from now (extends a window under way). */
@@ -75,25 +77,22 @@ export function idlePoll(windowUs: number, now: () => number = () => performance
 }
 
 /**
- * Polls for `windowUs` after a request `server` receives while it serves no other, and after the answer
- * that leaves it serving none has been sent (its response closed), until the server closes. A request that
- * arrives while another is served ends the window. Nothing is added to the server when `windowUs` is 0. `now`
- * as for `idlePoll`.
+ * Polls for `windowUs` after a request arrives while the process serves no other, and after the answer that
+ * leaves it serving none has been sent (its response closed), as `inFlight` counts them, until `server`
+ * closes. A request that arrives while another is served ends the window. Nothing is watched when `windowUs`
+ * is 0. `now` as for `idlePoll`.
  */
-export function pollWhileServing(server: Server, windowUs: number, now?: () => number): IdlePoll {
+export function pollWhileServing(
+  server: Server,
+  inFlight: InFlight,
+  windowUs: number,
+  now?: () => number,
+): IdlePoll {
   const poll = idlePoll(windowUs, now);
   if (windowUs <= 0) return poll;
-  let serving = 0;
-  // 'close' comes once for every response: after its end, or when its connection went away first.
-  const closed = () => {
-    serving--;
-    if (serving === 0) poll.keep();
-  };
-  server.on('request', (_req, res) => {
-    serving++;
-    if (serving === 1) poll.keep();
-    else poll.rest();
-    res.once('close', closed);
+  inFlight.watch((serving, arrived) => {
+    if (serving === 0 || (arrived && serving === 1)) poll.keep();
+    else if (arrived) poll.rest();
   });
   server.once('close', () => poll.stop());
   return poll;

@@ -2,6 +2,8 @@ import { createServer, request } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { describe, expect, test } from 'vitest';
 import { idlePoll, pollWhileServing } from '../../server/http/idle-poll.ts';
+import { createInFlight } from '../../server/http/in-flight.ts';
+import { extend } from '../../server/objects.ts';
 
 /** Resolves after `turns` turns of the event loop (each a check phase the poll's immediates also run in). */
 const turns = async (count: number) => {
@@ -56,7 +58,10 @@ describe('pollWhileServing', () => {
   test('behavior: polls after a request served alone arrives and after its answer is sent, until the server closes', async () => {
     let clock = 0;
     let held: (() => void) | undefined;
+    const inFlight = createInFlight();
     const server = createServer((req, res) => {
+      // As the app's first layer counts every request.
+      inFlight.track(res);
       if (req.url === '/held') {
         held = () => res.end(req.url);
         return;
@@ -65,14 +70,14 @@ describe('pollWhileServing', () => {
         res.end(req.url);
         return;
       }
-      // The work takes 10 ms of the test's clock, after the request's own listeners ran: the arrival's window
-      // (0.5 ms) is long over at the answer.
+      // The work takes 10 ms of the test's clock, after the arrival was counted: the arrival's window (0.5 ms)
+      // is long over at the answer.
       setImmediate(() => {
         clock += 10;
         res.end(req.url);
       });
     });
-    const poll = pollWhileServing(server, 500, () => clock);
+    const poll = pollWhileServing(server, inFlight, 500, () => clock);
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     const port = (server.address() as AddressInfo).port;
     const get = (path: string) =>
@@ -126,7 +131,13 @@ describe('pollWhileServing', () => {
   test('behavior: with a window of 0 the server is left as it was', () => {
     const server = createServer(() => {});
     const before = server.listenerCount('request');
-    const poll = pollWhileServing(server, 0);
+    // Nothing watches the count either.
+    const inFlight = extend(createInFlight(), {
+      watch() {
+        throw new Error('watched with a window of 0');
+      },
+    });
+    const poll = pollWhileServing(server, inFlight, 0);
     expect(server.listenerCount('request')).toBe(before);
     poll.keep();
     expect(poll.polling()).toBe(false);
