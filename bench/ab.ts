@@ -1,8 +1,8 @@
 /**
  * `npm run bench:ab -- <rev>`: an A/B of the server in this working tree (B) against the server at git
  * revision `<rev>` (A, checked out in a temporary worktree that shares this tree's `node_modules`). Both run
- * as `npm start` runs them, each on its own SQLite file, beside one chat upstream (`upstream.ts`) and one
- * anvil. Every round measures, for each server in turn (the order alternating by round): chats per second on
+ * as `npm start` runs them, each on its own SQLite file, migrated and funded by its own side's code (so that a
+ * change of schema can be measured), beside one chat upstream (`upstream.ts`) and one anvil. Every round measures, for each server in turn (the order alternating by round): chats per second on
  * the local engine at 16 connections, then one request at a time in turns with its upstream called directly
  * (measure.ts, `latencies`) the chat upstream adapter and the JSON-RPC proxy, whose added p50 and p99 are the
  * proxy's less the upstream's.
@@ -23,6 +23,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
 import { latencies, median, throughput } from './measure.ts';
@@ -112,6 +113,18 @@ const envOf = (name: string): Record<string, string> => {
     throw new Error(`${name} must be a JSON object of variables`);
   return Object.fromEntries(Object.entries(parsed).map(([k, v]) => [k, String(v)]));
 };
+/**
+ * `fundedKey` as the revision in `tree` has it, in a process of its own: its migrations make the file, which
+ * the newer ones of this tree would mark as ahead of that revision's server.
+ */
+function fundedKeyAt(tree: string, url: string): string {
+  const setup = pathToFileURL(join(tree, 'bench', 'setup.ts')).href;
+  const script = `const { fundedKey } = await import(${JSON.stringify(setup)});
+process.stdout.write(await fundedKey(${JSON.stringify(url)}));`;
+  return execFileSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+    cwd: tree,
+  }).toString();
+}
 const log = (message: string) => process.stderr.write(`[ab] ${message}\n`);
 /** Both sides, `first` first. */
 const inOrder = (first: 'A' | 'B') => (first === 'A' ? (['A', 'B'] as const) : (['B', 'A'] as const));
@@ -161,7 +174,7 @@ async function main(): Promise<void> {
       // Fresh servers and files for each half, started in that half's order.
       const start = async (side: 'A' | 'B') => {
         const url = `sqlite:${join(scratch, `${side}-${startedFirst}.db`)}`;
-        const key = await fundedKey(url);
+        const key = side === 'A' ? fundedKeyAt(tree, url) : await fundedKey(url);
         // startNodeChild takes a path from the repository's root.
         const script =
           side === 'A' ? relative(repoRoot, join(tree, 'server', 'start.mjs')) : 'server/start.mjs';
