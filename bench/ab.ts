@@ -26,7 +26,8 @@ import { join, relative } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
-import { latencies, median, throughput } from './measure.ts';
+import { perRequest, type ThreadCounters, threadCounters } from './counters.ts';
+import { latencies, median, type Target, throughput } from './measure.ts';
 import { type Child, cleanUpOnInterrupt, startNodeChild, stopAll, track } from './processes.ts';
 import {
   adapterTarget,
@@ -47,21 +48,62 @@ export type Side = {
   rpcP50Us: number;
   rpcP99Us: number;
   chatsPerSecond: number;
+  /**
+   * The server's main thread, per request of the one-at-a-time measurements (counters.ts): its read and write
+   * system calls (socket reads and writes, SQLite's `pread`s and WAL `pwrite`s). NaN where the kernel does
+   * not count them.
+   */
+  adapterReads: number;
+  adapterWrites: number;
+  rpcReads: number;
+  rpcWrites: number;
 };
 
 export type AbRound = { startedFirst: 'A' | 'B'; a: Side; b: Side };
 
 /** The metrics of a side, how each reads in the report, and whether lower is better. */
-export const METRICS: ReadonlyArray<{ key: keyof Side; label: string; lowerIsBetter: boolean }> = [
+export const METRICS: ReadonlyArray<{
+  key: keyof Side;
+  label: string;
+  lowerIsBetter: boolean;
+  /** Decimals in the report (0 unless told). */
+  digits?: number;
+}> = [
   { key: 'adapterP50Us', label: 'chat upstream adapter added p50 µs', lowerIsBetter: true },
   { key: 'adapterP99Us', label: 'chat upstream adapter added p99 µs', lowerIsBetter: true },
   { key: 'rpcP50Us', label: 'JSON-RPC proxy added p50 µs', lowerIsBetter: true },
   { key: 'rpcP99Us', label: 'JSON-RPC proxy added p99 µs', lowerIsBetter: true },
   { key: 'chatsPerSecond', label: 'chats/s at 16 connections (local engine)', lowerIsBetter: false },
+  {
+    key: 'adapterWrites',
+    digits: 1,
+    label: 'adapter: write system calls per request (main thread)',
+    lowerIsBetter: true,
+  },
+  {
+    key: 'adapterReads',
+    digits: 1,
+    label: 'adapter: read system calls per request (main thread)',
+    lowerIsBetter: true,
+  },
+  {
+    key: 'rpcWrites',
+    digits: 1,
+    label: 'JSON-RPC: write system calls per request (main thread)',
+    lowerIsBetter: true,
+  },
+  {
+    key: 'rpcReads',
+    digits: 1,
+    label: 'JSON-RPC: read system calls per request (main thread)',
+    lowerIsBetter: true,
+  },
 ];
 
 export type SummaryRow = {
   label: string;
+  /** Decimals in the report. */
+  digits: number;
   a: number;
   b: number;
   /** Rounds in which B was better (lower, or higher for chats/s), of `rounds`. */
@@ -78,8 +120,9 @@ export function summarize(rounds: readonly AbRound[]): SummaryRow[] {
     const values = rounds.filter((r) => r.startedFirst === first).map((r) => r.b[metric] - r.a[metric]);
     return values.length > 0 ? median(values) : undefined;
   };
-  return METRICS.map(({ key, label, lowerIsBetter }) => ({
+  return METRICS.map(({ key, label, lowerIsBetter, digits }) => ({
     label,
+    digits: digits ?? 0,
     a: median(rounds.map((r) => r.a[key])),
     b: median(rounds.map((r) => r.b[key])),
     bBetter: rounds.filter((r) => (lowerIsBetter ? r.b[key] < r.a[key] : r.b[key] > r.a[key])).length,
@@ -91,7 +134,8 @@ export function summarize(rounds: readonly AbRound[]): SummaryRow[] {
 
 /** The report as markdown. */
 export function renderAb(rev: string, rows: readonly SummaryRow[]): string {
-  const n = (value: number | undefined) => (value === undefined ? '-' : value.toFixed(0));
+  const n = (value: number | undefined, digits = 0) =>
+    value === undefined || Number.isNaN(value) ? '-' : value.toFixed(digits);
   return [
     `A/B: A = ${rev}, B = the working tree`,
     '',
@@ -99,7 +143,7 @@ export function renderAb(rev: string, rows: readonly SummaryRow[]): string {
     '|---|---|---|---|---|---|',
     ...rows.map(
       (r) =>
-        `| ${r.label} | ${n(r.a)} | ${n(r.b)} | ${r.bBetter} of ${r.rounds} | ${n(r.deltaAFirst)} | ${n(r.deltaBFirst)} |`,
+        `| ${r.label} | ${n(r.a, r.digits)} | ${n(r.b, r.digits)} | ${r.bBetter} of ${r.rounds} | ${n(r.deltaAFirst, r.digits)} | ${n(r.deltaBFirst, r.digits)} |`,
     ),
     '',
   ].join('\n');
@@ -167,7 +211,22 @@ async function main(): Promise<void> {
     writeFileSync(catalogPath, catalogOverride(upstream.origin));
     const direct = upstreamTarget(upstream.origin);
     const anvilDirect = nodeTarget(anvil.url);
-    const turns = { warmup: 300 };
+    const turns = { warmup: 300, block: 100 };
+    /**
+     * One-at-a-time `targets` in turns (latencies), with what the server's main thread counted per request
+     * meanwhile: from the end of the warm-up, over the measured requests and each turn's uncounted first one.
+     */
+    const counted = async (pid: number, targets: Target[]) => {
+      let before: ThreadCounters | undefined;
+      const measured = await latencies(targets, count, {
+        ...turns,
+        afterWarmup: async () => {
+          before = threadCounters(pid);
+        },
+      });
+      const served = count + Math.ceil(count / turns.block);
+      return [measured, perRequest(before, threadCounters(pid), served)] as const;
+    };
 
     const results: AbRound[] = [];
     for (const startedFirst of ['A', 'B'] as const) {
@@ -192,16 +251,14 @@ async function main(): Promise<void> {
           for (const side of inOrder(round % 2 === 0 ? 'A' : 'B')) {
             const { child, key } = servers[side];
             const chats = await throughput(localChatTarget(child.origin, key), duration, 16);
-            const [adapter, upstreamItself] = await latencies(
-              [adapterTarget(child.origin, key), direct],
-              count,
-              turns,
-            );
-            const [rpc, anvilItself] = await latencies(
-              [rpcTarget(child.origin, key), anvilDirect],
-              count,
-              turns,
-            );
+            const [[adapter, upstreamItself], adapterCounted] = await counted(child.pid, [
+              adapterTarget(child.origin, key),
+              direct,
+            ]);
+            const [[rpc, anvilItself], rpcCounted] = await counted(child.pid, [
+              rpcTarget(child.origin, key),
+              anvilDirect,
+            ]);
             if (!adapter || !upstreamItself || !rpc || !anvilItself)
               throw new Error('a measurement is missing');
             sides[side] = {
@@ -210,6 +267,10 @@ async function main(): Promise<void> {
               rpcP50Us: rpc.p50Us - anvilItself.p50Us,
               rpcP99Us: rpc.p99Us - anvilItself.p99Us,
               chatsPerSecond: chats.rps,
+              adapterReads: adapterCounted.reads,
+              adapterWrites: adapterCounted.writes,
+              rpcReads: rpcCounted.reads,
+              rpcWrites: rpcCounted.writes,
             };
           }
           const result: AbRound = { startedFirst, a: sides.A, b: sides.B };
