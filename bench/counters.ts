@@ -5,7 +5,8 @@
  * on a VM whose speed changes from one minute to the next, a change that writes fewer WAL frames or runs one
  * transaction fewer shows here in every round (bench/HISTORY.md, twenty-second round).
  */
-import { readFileSync } from 'node:fs';
+import { closeSync, fstatSync, openSync, readFileSync } from 'node:fs';
+import { median } from './measure.ts';
 
 export type ThreadCounters = {
   reads: number;
@@ -51,4 +52,25 @@ export function perRequest(
     voluntarySwitches: per('voluntarySwitches'),
     involuntarySwitches: per('involuntarySwitches'),
   };
+}
+
+/**
+ * What one system call costs from Node on this machine, in µs: the median of 5 batches of 20,000 `fstat`s of
+ * an open file (Node's binding included). It tells the kinds of VM apart that the runs meet: 2.2 to 2.5 µs on
+ * the one of the twenty-second round (bench/HISTORY.md), where a proxied request's 60 or so system calls (WAL
+ * frames, the WAL's locks, sockets) cost about 150 µs of its main thread.
+ */
+export function systemCallUs(batches = 5, calls = 20_000): number {
+  const fd = openSync(process.execPath, 'r');
+  try {
+    const perCall: number[] = [];
+    for (let batch = 0; batch < batches; batch++) {
+      const start = process.hrtime.bigint();
+      for (let n = 0; n < calls; n++) fstatSync(fd);
+      perCall.push(Number(process.hrtime.bigint() - start) / 1000 / calls);
+    }
+    return median(perCall);
+  } finally {
+    closeSync(fd);
+  }
 }

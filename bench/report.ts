@@ -14,7 +14,14 @@ export type Row = {
 
 export type Report = {
   when: string;
-  machine: { cpus: number; cpuModel: string; memoryGb: number; node: string };
+  machine: {
+    cpus: number;
+    cpuModel: string;
+    memoryGb: number;
+    node: string;
+    /** One system call from Node, µs (counters.ts `systemCallUs`): which kind of VM the run had. */
+    systemCallUs?: number;
+  };
   settings: Record<string, number | boolean>;
   rows: Row[];
   /** One connection, one request at a time, microseconds (medians over the rounds). */
@@ -202,7 +209,7 @@ export function renderMarkdown(report: Report): string {
   const parts = [
     '# Benchmark results',
     '',
-    `${report.when}; ${m.cpus} CPUs (${m.cpuModel}), ${m.memoryGb} GB, Node ${m.node}; settings ${JSON.stringify(report.settings)}.`,
+    `${report.when}; ${m.cpus} CPUs (${m.cpuModel}), ${m.memoryGb} GB, Node ${m.node}${m.systemCallUs === undefined ? '' : `, a system call ${m.systemCallUs.toFixed(2)} µs`}; settings ${JSON.stringify(report.settings)}.`,
     'Throughput rows are medians over interleaved rounds; `npm run bench` reproduces them.',
     '',
   ];

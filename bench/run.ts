@@ -22,6 +22,7 @@ import { startPrism } from '../mocks/prism.ts';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
+import { systemCallUs } from './counters.ts';
 import {
   type Latency,
   latencies,
@@ -410,6 +411,7 @@ function header(): Pick<Report, 'when' | 'machine' | 'settings'> {
       cpuModel: cpus()[0]?.model ?? 'unknown',
       memoryGb: Math.round(totalmem() / 2 ** 30),
       node: process.version,
+      systemCallUs: systemCallUs(),
     },
     settings,
   };

@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isMainThread } from 'node:worker_threads';
 import { expect, test } from 'vitest';
-import { perRequest, threadCounters } from '../../bench/counters.ts';
+import { perRequest, systemCallUs, threadCounters } from '../../bench/counters.ts';
 
 // The thread read is the process's main one (its tid is the pid): the test must run there (vitest's forks).
 const linux = process.platform === 'linux' && isMainThread;
@@ -39,4 +39,10 @@ test('behavior: a thread that cannot be read gives no counts, and per request Na
   expect(per.reads).toBeNaN();
   const some = { reads: 1, writes: 1, voluntarySwitches: 1, involuntarySwitches: 1 };
   expect(perRequest(some, some, 0).writes).toBeNaN();
+});
+
+test('behavior: the cost of a system call is a measured, finite number (no bound on it: no timed assertion)', () => {
+  const us = systemCallUs(3, 2_000);
+  expect(Number.isFinite(us)).toBe(true);
+  expect(us).toBeGreaterThan(0);
 });
