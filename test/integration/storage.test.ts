@@ -1657,6 +1657,45 @@ describe.each(engines)('storage on %s', (engine, open) => {
         expect(await used('adm:a:TPM', 60_000)).toBe(0);
       });
 
+      test('behavior: on PostgreSQL the admission commits without waiting for the WAL flush, its own transaction only', async () => {
+        const sent: string[] = [];
+        const watched = await createDatabase(opened.url, { onQuery: (text) => sent.push(text) });
+        try {
+          const admitted = await createRateLimits(watched, clock).admit({
+            windows: [{ bucket: 'adm:flush:RPM', windowMs: 60_000, limit: 10 }],
+            now: T0,
+          });
+          expect(admitted.allowed).toBe(true);
+          const [statement, ...others] = sent.filter((text) =>
+            text.includes('insert into "rate_limit_counters"'),
+          );
+          expect(others).toHaveLength(0);
+          if (engine === 'sqlite') {
+            // SQLite's commit in WAL mode with synchronous = NORMAL does not sync: nothing to turn off.
+            expect(statement).not.toContain('synchronous_commit');
+            return;
+          }
+          // The statement as sent, run again in a transaction of the test's: it turns the setting off for that
+          // transaction (one window: bucket, start, cost, then the bucket and its cap in the CASE).
+          expect(statement?.match(/\$\d+/g)).toEqual(['$1', '$2', '$3', '$4', '$5']);
+          const show = sql<{ synchronous_commit: string }>`show synchronous_commit`;
+          // On one connection: the setting is local to that transaction, and the next commits synchronously.
+          await watched.db.connection().execute(async (connection) => {
+            await connection.transaction().execute(async (trx) => {
+              expect((await show.execute(trx)).rows[0]?.synchronous_commit).toBe('on');
+              const { rows } = await trx.executeQuery(
+                CompiledQuery.raw(statement as string, ['adm:flush:again', 0, 1, 'adm:flush:again', 10]),
+              );
+              expect(rows).toEqual([{ bucket: 'adm:flush:again', used: 1n, unflushed: 'off' }]);
+              expect((await show.execute(trx)).rows[0]?.synchronous_commit).toBe('off');
+            });
+            expect((await show.execute(connection)).rows[0]?.synchronous_commit).toBe('on');
+          });
+        } finally {
+          await watched.close();
+        }
+      });
+
       test('behavior: when the minute refuses, the day does not count the request (nothing counted)', async () => {
         for (let i = 0; i < 2; i++) await limits.admit({ windows: windowsOf('adm:b', 5, 2), now: T0 });
         const refused = await limits.admit({ windows: windowsOf('adm:b', 5, 2), now: T0 });
