@@ -24,8 +24,15 @@ export type Report = {
   };
   settings: Record<string, number | boolean>;
   rows: Row[];
-  /** One connection, one request at a time, microseconds (medians over the rounds). */
-  sequential: Record<string, { p50Us: number; p99Us: number }>;
+  /**
+   * One connection, one request at a time, microseconds (medians over the rounds); for a target that its
+   * process serves alone in its turns, what that process's main thread counted per request (counters.ts: read
+   * and write system calls, medians over the rounds; absent for the others).
+   */
+  sequential: Record<
+    string,
+    { p50Us: number; p99Us: number; readsPerRequest?: number; writesPerRequest?: number }
+  >;
   streams: {
     requested: number;
     completed: number;
@@ -86,6 +93,11 @@ export function floors(report: Report): Array<{ measure: string; value: string }
     {
       measure: 'the same with CHAT_CALL_BEFORE_HOLD=true (off by default)',
       value: ms(added('upstreamAhead', 'upstreamDirectAhead')),
+    },
+    {
+      // Counted, not timed: the load does not move them (WAL frames, sockets).
+      measure: 'chat upstream adapter: write system calls per request, the server / its floor',
+      value: `${fmt(report.sequential.upstreamProxy?.writesPerRequest ?? Number.NaN, 1)} / ${fmt(report.sequential.floorUpstream?.writesPerRequest ?? Number.NaN, 1)}`,
     },
   ];
 }
@@ -158,8 +170,20 @@ function tables(report: Report): { head: string[]; rows: string[][] }[] {
       ]),
     },
     {
-      head: ['one connection, sequential', 'p50 µs', 'p99 µs'],
-      rows: Object.entries(report.sequential).map(([id, l]) => [id, fmt(l.p50Us), fmt(l.p99Us)]),
+      head: [
+        'one connection, sequential',
+        'p50 µs',
+        'p99 µs',
+        'reads / request (main thread)',
+        'writes / request (main thread)',
+      ],
+      rows: Object.entries(report.sequential).map(([id, l]) => [
+        id,
+        fmt(l.p50Us),
+        fmt(l.p99Us),
+        l.readsPerRequest === undefined ? '-' : fmt(l.readsPerRequest, 1),
+        l.writesPerRequest === undefined ? '-' : fmt(l.writesPerRequest, 1),
+      ]),
     },
     {
       head: [

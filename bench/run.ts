@@ -22,7 +22,7 @@ import { startPrism } from '../mocks/prism.ts';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
-import { systemCallUs } from './counters.ts';
+import { perRequest, systemCallUs, type ThreadCounters, threadCounters } from './counters.ts';
 import {
   type Latency,
   latencies,
@@ -308,6 +308,15 @@ async function main(): Promise<Report> {
     }),
   );
   const sequentialRuns = new Map<string, Latency[]>(latencyGroups.flat().map(({ id }) => [id, []]));
+  // The targets whose process serves nothing else in their group's turns: what its main thread counts while
+  // the group runs is theirs (the floor serves two targets in the JSON-RPC group, so neither is counted).
+  const countedBy = new Map<string, number>([
+    ['rpcProxy', onSqlite.pid],
+    ['upstreamProxy', onSqlite.pid],
+    ['floorUpstream', floor.pid],
+    ['upstreamAhead', ahead.pid],
+  ]);
+  const countedRuns = new Map<string, ThreadCounters[]>([...countedBy.keys()].map((id) => [id, []]));
   for (let round = 1; round <= settings.rounds; round++) {
     for (const { id, target } of throughputTargets) {
       const result = await throughput(target, settings.durationS, settings.connections);
@@ -318,11 +327,24 @@ async function main(): Promise<Report> {
       );
     }
     for (const group of latencyGroups) {
+      const counted = group.flatMap(({ id }) => {
+        const pid = countedBy.get(id);
+        return pid === undefined ? [] : [{ id, pid, before: undefined as ThreadCounters | undefined }];
+      });
       const results = await latencies(
         group.map(({ target }) => target),
         settings.latencyCount,
-        { block: settings.latencyTurn },
+        {
+          block: settings.latencyTurn,
+          afterWarmup: async () => {
+            for (const entry of counted) entry.before = threadCounters(entry.pid);
+          },
+        },
       );
+      // The measured requests and the uncounted first one of each turn (measure.ts, `latencies`).
+      const served = settings.latencyCount + Math.ceil(settings.latencyCount / settings.latencyTurn);
+      for (const { id, pid, before } of counted)
+        countedRuns.get(id)?.push(perRequest(before, threadCounters(pid), served));
       for (const [i, { id }] of group.entries()) {
         const result = results[i];
         if (!result) continue;
@@ -348,10 +370,22 @@ async function main(): Promise<Report> {
     };
   });
   const sequential = Object.fromEntries(
-    [...sequentialRuns.entries()].map(([id, results]) => [
-      id,
-      { p50Us: median(results.map((r) => r.p50Us)), p99Us: median(results.map((r) => r.p99Us)) },
-    ]),
+    [...sequentialRuns.entries()].map(([id, results]) => {
+      const counts = countedRuns.get(id);
+      return [
+        id,
+        {
+          p50Us: median(results.map((r) => r.p50Us)),
+          p99Us: median(results.map((r) => r.p99Us)),
+          ...(counts
+            ? {
+                readsPerRequest: median(counts.map((c) => c.reads)),
+                writesPerRequest: median(counts.map((c) => c.writes)),
+              }
+            : {}),
+        },
+      ];
+    }),
   );
 
   await Promise.all([onPostgres.stop(), ceiling.stop(), floor.stop()]);

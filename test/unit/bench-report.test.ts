@@ -1,0 +1,48 @@
+/**
+ * The harness's report (bench/report.ts): the one-at-a-time table carries what a target's process counted per
+ * request where its process served it alone, and the floors' section compares the adapter with its floor.
+ */
+import { expect, test } from 'vitest';
+import { floors, type Report, renderMarkdown } from '../../bench/report.ts';
+
+const report: Report = {
+  when: '2026-11-27T13:42:18.403Z',
+  machine: { cpus: 2, cpuModel: 'AMD EPYC', memoryGb: 24, node: 'v20.20.2', systemCallUs: 2.7 },
+  settings: { rounds: 3 },
+  rows: [
+    { id: 'ceiling', label: 'ceiling', rps: 30000, p50Ms: 0, p99Ms: 1, failures: 0, peakRssMb: 70 },
+    { id: 'chatSqlite', label: 'chat', rps: 3000, p50Ms: 5, p99Ms: 10, failures: 0, peakRssMb: 240 },
+  ],
+  sequential: {
+    upstreamProxy: { p50Us: 1477, p99Us: 4643, readsPerRequest: 2, writesPerRequest: 37.84 },
+    floorUpstream: { p50Us: 845, p99Us: 3452, readsPerRequest: 2, writesPerRequest: 31.2 },
+    upstreamDirect: { p50Us: 126, p99Us: 1170 },
+  },
+  streams: {
+    requested: 1000,
+    completed: 1000,
+    maxOpen: 1000,
+    ttfbP50Ms: 900,
+    ttfbP99Ms: 1500,
+    failures: 0,
+    peakRssMb: 248,
+    idleRssMb: 100,
+  },
+};
+
+test('behavior: counts per request in the one-at-a-time table, "-" where a process served several targets', () => {
+  const markdown = renderMarkdown(report);
+  expect(markdown).toContain('a system call 2.70 µs');
+  expect(markdown).toContain(
+    '| one connection, sequential | p50 µs | p99 µs | reads / request (main thread) | writes / request (main thread) |',
+  );
+  expect(markdown).toContain('| upstreamProxy | 1477 | 4643 | 2.0 | 37.8 |');
+  expect(markdown).toContain('| upstreamDirect | 126 | 1170 | - | - |');
+});
+
+test("behavior: the floors compare the adapter's write system calls with its floor's", () => {
+  const row = floors(report).find((f) => f.measure.startsWith('chat upstream adapter: write system calls'));
+  expect(row?.value).toBe('37.8 / 31.2');
+  const uncounted = floors({ ...report, sequential: {} }).find((f) => f.measure.includes('system calls'));
+  expect(uncounted?.value).toBe('n/a / n/a');
+});
