@@ -31,8 +31,8 @@ import { pathToFileURL } from 'node:url';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
-import { perRequest, type ThreadCounters, threadCounters } from './counters.ts';
-import { latencies, median, type Target, throughput } from './measure.ts';
+import { countedLatencies, type ThreadCounters } from './counters.ts';
+import { median, type Target, throughput } from './measure.ts';
 import { type Child, cleanUpOnInterrupt, startNodeChild, stopAll, track } from './processes.ts';
 import {
   adapterTarget,
@@ -220,21 +220,11 @@ async function main(): Promise<void> {
     writeFileSync(catalogPath, catalogOverride(upstream.origin));
     const direct = upstreamTarget(upstream.origin);
     const anvilDirect = nodeTarget(anvil.url);
-    const turns = { warmup: 300, block: 100 };
-    /**
-     * One-at-a-time `targets` in turns (latencies), with what the server's main thread counted per request
-     * meanwhile: from the end of the warm-up, over the measured requests and each turn's uncounted first one.
-     */
+    const turns = { warmup: 300 };
+    /** One-at-a-time `targets` in turns, with what the server's main thread (`pid`) counted per request. */
     const counted = async (pid: number, targets: Target[]) => {
-      let before: ThreadCounters | undefined;
-      const measured = await latencies(targets, count, {
-        ...turns,
-        afterWarmup: async () => {
-          before = threadCounters(pid);
-        },
-      });
-      const served = count + Math.ceil(count / turns.block);
-      return [measured, perRequest(before, threadCounters(pid), served)] as const;
+      const { measured, counted } = await countedLatencies(targets, count, turns, [pid]);
+      return [measured, counted[0] as ThreadCounters] as const;
     };
 
     const results: AbRound[] = [];

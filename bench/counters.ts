@@ -1,20 +1,14 @@
 /**
- * What the kernel counts of one thread of a process (Linux `/proc/<pid>/task/<tid>/`): its read and write
- * system calls (`io`: `syscr`, `syscw`, which count `read`, `pread64`, `readv` and `write`, `pwrite64`,
- * `writev` alike) and its context switches (`status`). Unlike time, these do not move with the machine's load:
- * on a VM whose speed changes from one minute to the next, a change that writes fewer WAL frames or runs one
- * transaction fewer shows here in every round (bench/HISTORY.md, twenty-second round).
+ * What the kernel counts of one thread of a process (Linux `/proc/<pid>/task/<tid>/io`): its read and write
+ * system calls (`syscr`, `syscw`, which count `read`, `pread64`, `readv` and `write`, `pwrite64`, `writev`
+ * alike). Unlike time, these do not move with the machine's load: on a VM whose speed changes from one minute
+ * to the next, a change that writes fewer WAL frames shows here in every round (bench/HISTORY.md,
+ * twenty-second round).
  */
 import { closeSync, fstatSync, openSync, readFileSync } from 'node:fs';
-import { median } from './measure.ts';
+import { type Latency, latencies, median, requestsServed, type Target } from './measure.ts';
 
-export type ThreadCounters = {
-  reads: number;
-  writes: number;
-  /** Context switches the thread asked for (it blocked) and those it was made to take. */
-  voluntarySwitches: number;
-  involuntarySwitches: number;
-};
+export type ThreadCounters = { reads: number; writes: number };
 
 const field = (text: string, name: string): number => {
   const found = new RegExp(`^${name}:\\s+(\\d+)`, 'm').exec(text);
@@ -26,13 +20,7 @@ const field = (text: string, name: string): number => {
 export function threadCounters(pid: number, tid = pid): ThreadCounters | undefined {
   try {
     const io = readFileSync(`/proc/${pid}/task/${tid}/io`, 'utf8');
-    const status = readFileSync(`/proc/${pid}/task/${tid}/status`, 'utf8');
-    return {
-      reads: field(io, 'syscr'),
-      writes: field(io, 'syscw'),
-      voluntarySwitches: field(status, 'voluntary_ctxt_switches'),
-      involuntarySwitches: field(status, 'nonvoluntary_ctxt_switches'),
-    };
+    return { reads: field(io, 'syscr'), writes: field(io, 'syscw') };
   } catch {
     return undefined;
   }
@@ -46,11 +34,32 @@ export function perRequest(
 ): ThreadCounters {
   const per = (key: keyof ThreadCounters) =>
     before && after && requests > 0 ? (after[key] - before[key]) / requests : Number.NaN;
+  return { reads: per('reads'), writes: per('writes') };
+}
+
+/**
+ * `latencies` of `targets`, with what the main thread of each process in `pids` counted per request meanwhile
+ * (one entry per pid, in order): from the end of the warm-up, over the requests each target was sent
+ * (`requestsServed`). Each pid must serve one of the targets alone: another target's requests to the same
+ * process would be counted with its own.
+ */
+export async function countedLatencies(
+  targets: readonly Target[],
+  count: number,
+  options: { warmup?: number; block?: number },
+  pids: readonly number[],
+): Promise<{ measured: Latency[]; counted: ThreadCounters[] }> {
+  let before: Array<ThreadCounters | undefined> = [];
+  const measured = await latencies(targets, count, {
+    ...options,
+    afterWarmup: async () => {
+      before = pids.map((pid) => threadCounters(pid));
+    },
+  });
+  const served = requestsServed(targets.length, count, options.block);
   return {
-    reads: per('reads'),
-    writes: per('writes'),
-    voluntarySwitches: per('voluntarySwitches'),
-    involuntarySwitches: per('involuntarySwitches'),
+    measured,
+    counted: pids.map((pid, i) => perRequest(before[i], threadCounters(pid), served)),
   };
 }
 

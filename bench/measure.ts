@@ -88,6 +88,9 @@ export async function probe(target: Target): Promise<string> {
 
 export type Latency = { p50Us: number; p99Us: number; count: number };
 
+/** Requests per turn of `latencies` unless told. */
+const DEFAULT_BLOCK = 100;
+
 /** The `p`th percentile (0 to 100) of values sorted ascending; NaN for none. */
 export function percentile(sorted: number[], p: number): number {
   if (sorted.length === 0) return Number.NaN;
@@ -106,6 +109,14 @@ export async function latency(
   const [result] = await latencies([target], count, options);
   if (!result) throw new Error('no latency measured');
   return result;
+}
+
+/**
+ * How many requests `latencies` sends each of its `targets` after the warm-up: the measured `count`, and with
+ * more than one target the uncounted first request of each turn of `block`.
+ */
+export function requestsServed(targets: number, count: number, block = DEFAULT_BLOCK): number {
+  return targets > 1 ? count + Math.ceil(count / Math.max(1, block)) : count;
 }
 
 /**
@@ -137,7 +148,7 @@ export async function latencies(
       for (let n = 0; n < warmup; n++) await send(agent, target);
     }
     await options.afterWarmup?.();
-    const block = runs.length === 1 ? count : Math.max(1, options.block ?? 100);
+    const block = runs.length === 1 ? count : Math.max(1, options.block ?? DEFAULT_BLOCK);
     for (let done = 0; done < count; done += block) {
       const turn = Math.min(block, count - done);
       for (const { target, agent, samples } of runs) {

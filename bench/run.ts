@@ -22,10 +22,9 @@ import { startPrism } from '../mocks/prism.ts';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
-import { perRequest, systemCallUs, type ThreadCounters, threadCounters } from './counters.ts';
+import { countedLatencies, systemCallUs, type ThreadCounters } from './counters.ts';
 import {
   type Latency,
-  latencies,
   median,
   probe,
   type Streams,
@@ -327,24 +326,14 @@ async function main(): Promise<Report> {
       );
     }
     for (const group of latencyGroups) {
-      const counted = group.flatMap(({ id }) => {
-        const pid = countedBy.get(id);
-        return pid === undefined ? [] : [{ id, pid, before: undefined as ThreadCounters | undefined }];
-      });
-      const results = await latencies(
+      const counted = group.filter(({ id }) => countedBy.has(id));
+      const { measured: results, counted: counts } = await countedLatencies(
         group.map(({ target }) => target),
         settings.latencyCount,
-        {
-          block: settings.latencyTurn,
-          afterWarmup: async () => {
-            for (const entry of counted) entry.before = threadCounters(entry.pid);
-          },
-        },
+        { block: settings.latencyTurn },
+        counted.map(({ id }) => countedBy.get(id) as number),
       );
-      // The measured requests and the uncounted first one of each turn (measure.ts, `latencies`).
-      const served = settings.latencyCount + Math.ceil(settings.latencyCount / settings.latencyTurn);
-      for (const { id, pid, before } of counted)
-        countedRuns.get(id)?.push(perRequest(before, threadCounters(pid), served));
+      for (const [i, { id }] of counted.entries()) countedRuns.get(id)?.push(counts[i] as ThreadCounters);
       for (const [i, { id }] of group.entries()) {
         const result = results[i];
         if (!result) continue;

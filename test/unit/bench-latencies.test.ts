@@ -6,7 +6,7 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterEach, expect, test } from 'vitest';
-import { latencies, latency, type Target } from '../../bench/measure.ts';
+import { latencies, latency, requestsServed, type Target } from '../../bench/measure.ts';
 
 const servers: Server[] = [];
 afterEach(async () => {
@@ -66,4 +66,23 @@ test('a target that fails is reported, with its URL', async () => {
   const a = await recorder('A', log, new Set());
   const b = await recorder('B', log, new Set(), 503);
   await expect(latencies([a, b], 4, { warmup: 0, block: 2 })).rejects.toThrow(`${b.url} answered 503`);
+});
+
+test('requestsServed tells what each target was sent after its warm-up, as the turns above sent it', async () => {
+  const log: string[] = [];
+  const a = await recorder('A', log, new Set());
+  const b = await recorder('B', log, new Set());
+  let warmedUp = 0;
+  await latencies([a, b], 7, {
+    warmup: 2,
+    block: 3,
+    afterWarmup: async () => {
+      warmedUp = log.length;
+    },
+  });
+  const sent = log.slice(warmedUp);
+  expect(sent.filter((name) => name === 'A')).toHaveLength(requestsServed(2, 7, 3));
+  expect(requestsServed(2, 7, 3)).toBe(10);
+  // One target: its requests in one turn, none uncounted.
+  expect(requestsServed(1, 250)).toBe(250);
 });
