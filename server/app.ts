@@ -26,6 +26,7 @@ import { jsonBody } from './http/json-body.ts';
 import { limitJsonDepth } from './http/json-depth.ts';
 import { pathBelowBase, rememberRouteMatches, sequence, underBasePath } from './http/pipeline.ts';
 import { randomHex } from './http/random-hex.ts';
+import { RequestAbort } from './http/request-abort.ts';
 import { memoizeRouteRegexps } from './http/route-regexps.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
 import { memoizeValidatorRequestWork } from './http/validator-memo.ts';
@@ -284,26 +285,10 @@ export function createApp(deps: AppDeps): express.Express {
     const locals = res.locals as Locals;
     locals.operationId = operationId;
     const handler = deps.handlers[operationId] as Handler<OperationId>;
-    const aborter = new AbortController();
+    const ctx = new OperationContext(req, res, operationId, openapi?.pathParams ?? {}, locals);
     res.on('close', () => {
-      if (!res.writableFinished) aborter.abort();
+      if (!res.writableFinished) ctx.abort();
     });
-    const ctx = {
-      operationId,
-      query: req.query,
-      // The validator fills in schema defaults; handlers that must know what the client wrote look here.
-      sentQuery: sentQueryNames(req.originalUrl),
-      path: openapi?.pathParams ?? {},
-      body: req.body,
-      sentBody: locals.sentBody,
-      headers: req.headers,
-      principal: locals.principal,
-      requestId: locals.requestId,
-      log: locals.log,
-      signal: aborter.signal,
-      setHeader: (name: string, value: string | number) => res.setHeader(name, value),
-      files: (req as Request & { files?: unknown }).files,
-    } as unknown as HandlerContext<OperationId>;
     const principal = locals.principal;
     const acquire = () =>
       deps.acquireSlot && principal
@@ -322,7 +307,7 @@ export function createApp(deps: AppDeps): express.Express {
         for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
         let reply: Reply<OperationId>;
         try {
-          reply = await handler(ctx);
+          reply = await handler(ctx as unknown as HandlerContext<OperationId>);
         } finally {
           if (deps.answerHeaders && principal) {
             const answer = await deps.answerHeaders({ operationId, principal });
@@ -336,7 +321,7 @@ export function createApp(deps: AppDeps): express.Express {
         return reply;
       })
       .then(
-        (reply) => writeReply(res, reply, aborter.signal, !config.validateResponses).catch(next),
+        (reply) => writeReply(res, reply, ctx, !config.validateResponses).catch(next),
         (error: unknown) => next(error),
       );
   });
@@ -378,6 +363,48 @@ export function createApp(deps: AppDeps): express.Express {
   return app;
 }
 
+/**
+ * A handler's context (`HandlerContext`). A class, so that `signal` is a getter of its prototype: made only if
+ * the handler reads it (request-abort.ts), where an object literal with a getter would be built by a runtime
+ * call on every request.
+ */
+class OperationContext extends RequestAbort {
+  readonly query: unknown;
+  /** The names of the query parameters the client sent. */
+  readonly sentQuery: ReadonlySet<string>;
+  /** The validator fills in schema defaults; handlers that must know what the client wrote look here. */
+  readonly body: unknown;
+  readonly sentBody: Record<string, unknown> | undefined;
+  readonly headers: Request['headers'];
+  readonly principal: Principal | undefined;
+  readonly requestId: string;
+  readonly log: Logger;
+  readonly files: unknown;
+
+  constructor(
+    req: Request,
+    private readonly res: ServerResponse,
+    readonly operationId: OperationId,
+    readonly path: object,
+    locals: Locals,
+  ) {
+    super();
+    this.query = req.query;
+    this.sentQuery = sentQueryNames(req.originalUrl);
+    this.body = req.body;
+    this.sentBody = locals.sentBody;
+    this.headers = req.headers;
+    this.principal = locals.principal;
+    this.requestId = locals.requestId;
+    this.log = locals.log;
+    this.files = (req as Request & { files?: unknown }).files;
+  }
+
+  setHeader(name: string, value: string | number): void {
+    this.res.setHeader(name, value);
+  }
+}
+
 /** The names of the query parameters the client sent (none without a `?`: no URL to parse). */
 function sentQueryNames(url: string): Set<string> {
   const at = url.indexOf('?');
@@ -392,12 +419,12 @@ const serializedBodies = new WeakMap<object, string>();
 async function writeReply(
   res: ServerResponse & Response,
   reply: Reply<OperationId>,
-  signal: AbortSignal,
+  cancel: RequestAbort,
   reuseSerialized: boolean,
 ) {
   for (const [name, value] of Object.entries(reply.headers ?? {})) res.setHeader(name, value);
   if ('stream' in reply) {
-    await reply.stream(res, signal);
+    await reply.stream(res, cancel.signal);
     return;
   }
   if ('contentType' in reply) {

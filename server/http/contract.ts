@@ -68,8 +68,13 @@ export type HandlerContext<K extends OperationId> = {
   /** The request id (also the `CF-RAY` header and every log line's `cfRay`). */
   requestId: string;
   log: Logger;
-  /** Aborted when the client disconnects. */
-  signal: AbortSignal;
+  /** Aborted when the client disconnects, or by `abort`. Made when first read: read it only when needed. */
+  readonly signal: AbortSignal;
+  /**
+   * Aborts `signal`: the handler gives up the request's work (its time limit), with one signal for both ends
+   * instead of a second linked to this one. The answer is still the handler's to give.
+   */
+  abort(reason?: unknown): void;
   /** The files of a multipart request. */
   files?: readonly UploadedFile[];
   /** Adds response headers (for example balance headers computed before the work). */

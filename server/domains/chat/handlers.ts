@@ -161,16 +161,13 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
   const { chat } = deps;
 
   async function complete(ctx: HandlerContext<'createChatCompletion'>, prepared: PreparedChat) {
-    // One controller for both ends (the client leaving, the time limit): no composite `AbortSignal.any`.
-    const aborter = new AbortController();
-    const signal = aborter.signal;
+    // One signal for both ends: the request's, aborted by the client leaving or by the time limit (no second
+    // controller linked to it: each signal costs microseconds on Node 20, http/request-abort.ts).
+    const signal = ctx.signal;
     let timedOut = false;
-    const onAbort = () => aborter.abort(ctx.signal.reason);
-    if (ctx.signal.aborted) onAbort();
-    else ctx.signal.addEventListener('abort', onAbort, { once: true });
     const timeout = setTimeout(() => {
       timedOut = true;
-      aborter.abort();
+      ctx.abort();
     }, deps.timeoutMs);
     const n = prepared.request.n;
     const choices: ChoiceState[] = Array.from({ length: n }, () => ({
@@ -203,7 +200,7 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
           }
         }
       } catch (error) {
-        if (ctx.signal.aborted) {
+        if (signal.aborted && !timedOut) {
           // The client left: the work done so far is billed; nobody reads an answer.
           chat.settle(prepared, undefined, produced());
           throw clientClosed(error);
@@ -216,7 +213,6 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
       if (settlement.answerAfter) await settlement.answerAfter;
     } finally {
       clearTimeout(timeout);
-      ctx.signal.removeEventListener('abort', onAbort);
       prepared.done();
     }
     const { stripTags, dropReasoning } = visibility(prepared);
