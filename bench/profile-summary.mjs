@@ -54,6 +54,6 @@ const top = (m, n) =>
 console.log('total samples', total, '\n--- self by package/file');
 console.log(top(pkg, 30));
 console.log('--- self');
-console.log(top(selfm, 30));
+console.log(top(selfm, Number(process.env.TOP ?? 30)));
 console.log('--- inclusive');
 console.log(top(incl, 60));

@@ -66,6 +66,8 @@ function measures(report: Report) {
 export function floors(report: Report): Array<{ measure: string; value: string }> {
   const { rps, added } = measures(report);
   const ms = (a: { p50: number; p99: number }) => `p50 ${fmt(a.p50, 3)} ms, p99 ${fmt(a.p99, 3)} ms`;
+  const writes = (server: string, floor: string) =>
+    [server, floor].map((id) => fmt(report.sequential[id]?.writesPerRequest ?? Number.NaN, 1)).join(' / ');
   return [
     {
       measure: 'storage floor (chat writes, raw SQLite) / node:http ceiling',
@@ -94,10 +96,14 @@ export function floors(report: Report): Array<{ measure: string; value: string }
       measure: 'the same with CHAT_CALL_BEFORE_HOLD=true (off by default)',
       value: ms(added('upstreamAhead', 'upstreamDirectAhead')),
     },
+    // Counted, not timed: the load does not move them (WAL frames, sockets).
     {
-      // Counted, not timed: the load does not move them (WAL frames, sockets).
+      measure: 'JSON-RPC proxy: write system calls per request, the server / its floor',
+      value: writes('rpcProxy', 'floorRpc'),
+    },
+    {
       measure: 'chat upstream adapter: write system calls per request, the server / its floor',
-      value: `${fmt(report.sequential.upstreamProxy?.writesPerRequest ?? Number.NaN, 1)} / ${fmt(report.sequential.floorUpstream?.writesPerRequest ?? Number.NaN, 1)}`,
+      value: writes('upstreamProxy', 'floorUpstream'),
     },
   ];
 }

@@ -110,14 +110,16 @@ async function main(): Promise<Report> {
   const sqliteUrl = `sqlite:${join(scratch, 'bench.db')}`;
   const postgresUrl = await postgres.createDatabase('bench');
   const floorFile = join(scratch, 'floor.db');
+  const bareFile = join(scratch, 'bare.db');
   const aheadUrl = `sqlite:${join(scratch, 'ahead.db')}`;
-  const [sqliteKey, budgetKey, postgresKey, streamsKey, floorKey, aheadKey] = [
+  const [sqliteKey, budgetKey, postgresKey, streamsKey, floorKey, bareKey, aheadKey] = [
     await fundedKey(sqliteUrl),
     // A spend limit of a million USD a day: checked on every request, never reached.
     await fundedKey(sqliteUrl, 10n ** 15n),
     await fundedKey(postgresUrl),
     await fundedKey(streamsUrl),
     await fundedKey(`sqlite:${floorFile}`),
+    await fundedKey(`sqlite:${bareFile}`),
     await fundedKey(aheadUrl),
   ];
 
@@ -127,6 +129,14 @@ async function main(): Promise<Report> {
   const floor = await startNodeChild('floor', 'bench/floor.ts', {
     FLOOR_DB: floorFile,
     FLOOR_KEY: floorKey,
+    FLOOR_UPSTREAM: anvil.url,
+    FLOOR_CHAT_UPSTREAM: upstream.origin,
+  });
+  // The bare forward from a floor process of its own (it writes nothing): the JSON-RPC floor's process then
+  // serves only that floor in its group's turns, so its system calls can be counted as the server's are.
+  const bare = await startNodeChild('bare forward', 'bench/floor.ts', {
+    FLOOR_DB: bareFile,
+    FLOOR_KEY: bareKey,
     FLOOR_UPSTREAM: anvil.url,
     FLOOR_CHAT_UPSTREAM: upstream.origin,
   });
@@ -270,7 +280,7 @@ async function main(): Promise<Report> {
     },
     {
       id: 'bareProxy',
-      target: { url: `${floor.origin}/proxy`, method: 'POST', headers: json(), body: RPC_BODY },
+      target: { url: `${bare.origin}/proxy`, method: 'POST', headers: json(), body: RPC_BODY },
     },
   ];
   const everyTarget = [...throughputTargets, ...latencyOnly];
@@ -308,9 +318,10 @@ async function main(): Promise<Report> {
   );
   const sequentialRuns = new Map<string, Latency[]>(latencyGroups.flat().map(({ id }) => [id, []]));
   // The targets whose process serves nothing else in their group's turns: what its main thread counts while
-  // the group runs is theirs (the floor serves two targets in the JSON-RPC group, so neither is counted).
+  // the group runs is theirs (the bare forward has a process of its own for this).
   const countedBy = new Map<string, number>([
     ['rpcProxy', onSqlite.pid],
+    ['floorRpc', floor.pid],
     ['upstreamProxy', onSqlite.pid],
     ['floorUpstream', floor.pid],
     ['upstreamAhead', ahead.pid],
@@ -377,7 +388,7 @@ async function main(): Promise<Report> {
     }),
   );
 
-  await Promise.all([onPostgres.stop(), ceiling.stop(), floor.stop()]);
+  await Promise.all([onPostgres.stop(), ceiling.stop(), floor.stop(), bare.stop()]);
   return {
     ...header(),
     rows,

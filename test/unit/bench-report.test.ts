@@ -1,6 +1,6 @@
 /**
  * The harness's report (bench/report.ts): the one-at-a-time table carries what a target's process counted per
- * request where its process served it alone, and the floors' section compares the adapter with its floor.
+ * request where its process served it alone, and the floors' section compares each proxy with its floor.
  */
 import { expect, test } from 'vitest';
 import { floors, type Report, renderMarkdown } from '../../bench/report.ts';
@@ -17,6 +17,9 @@ const report: Report = {
     upstreamProxy: { p50Us: 1477, p99Us: 4643, readsPerRequest: 2, writesPerRequest: 37.84 },
     floorUpstream: { p50Us: 845, p99Us: 3452, readsPerRequest: 2, writesPerRequest: 31.2 },
     upstreamDirect: { p50Us: 126, p99Us: 1170 },
+    rpcProxy: { p50Us: 1035, p99Us: 4468, readsPerRequest: 2, writesPerRequest: 38.2 },
+    floorRpc: { p50Us: 819, p99Us: 3757, readsPerRequest: 2, writesPerRequest: 36.04 },
+    rpcDirect: { p50Us: 108, p99Us: 1786 },
   },
   streams: {
     requested: 1000,
@@ -40,9 +43,11 @@ test('behavior: counts per request in the one-at-a-time table, "-" where a proce
   expect(markdown).toContain('| upstreamDirect | 126 | 1170 | - | - |');
 });
 
-test("behavior: the floors compare the adapter's write system calls with its floor's", () => {
-  const row = floors(report).find((f) => f.measure.startsWith('chat upstream adapter: write system calls'));
-  expect(row?.value).toBe('37.8 / 31.2');
-  const uncounted = floors({ ...report, sequential: {} }).find((f) => f.measure.includes('system calls'));
-  expect(uncounted?.value).toBe('n/a / n/a');
+test("behavior: the floors compare each proxy's write system calls with its floor's", () => {
+  const row = (start: string, of = report) => floors(of).find((f) => f.measure.startsWith(start))?.value;
+  expect(row('chat upstream adapter: write system calls')).toBe('37.8 / 31.2');
+  expect(row('JSON-RPC proxy: write system calls')).toBe('38.2 / 36.0');
+  const uncounted = { ...report, sequential: {} };
+  expect(row('chat upstream adapter: write system calls', uncounted)).toBe('n/a / n/a');
+  expect(row('JSON-RPC proxy: write system calls', uncounted)).toBe('n/a / n/a');
 });
