@@ -26,7 +26,7 @@ import { jsonBody } from './http/json-body.ts';
 import { limitJsonDepth } from './http/json-depth.ts';
 import { pathBelowBase, rememberRouteMatches, sequence, underBasePath } from './http/pipeline.ts';
 import { randomHex } from './http/random-hex.ts';
-import { RequestAbort } from './http/request-abort.ts';
+import { type AbortLike, RequestAbort } from './http/request-abort.ts';
 import { memoizeRouteRegexps } from './http/route-regexps.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
 import { memoizeValidatorRequestWork } from './http/validator-memo.ts';
@@ -400,6 +400,10 @@ class OperationContext extends RequestAbort {
     this.files = (req as Request & { files?: unknown }).files;
   }
 
+  get cancellation(): AbortLike {
+    return this;
+  }
+
   setHeader(name: string, value: string | number): void {
     this.res.setHeader(name, value);
   }
@@ -424,7 +428,7 @@ async function writeReply(
 ) {
   for (const [name, value] of Object.entries(reply.headers ?? {})) res.setHeader(name, value);
   if ('stream' in reply) {
-    await reply.stream(res, cancel.signal);
+    await reply.stream(res, cancel);
     return;
   }
   if ('contentType' in reply) {

@@ -7,6 +7,7 @@ import type { IncomingHttpHeaders, ServerResponse } from 'node:http';
 import type { Logger } from 'pino';
 import type { operations } from '../../generated/api.d.ts';
 import type { Principal } from './auth.ts';
+import type { AbortLike } from './request-abort.ts';
 import type { OperationId } from './spec.ts';
 
 type Op<K extends OperationId> = operations[K];
@@ -46,7 +47,7 @@ export type RawReply = { status: 200; contentType: string; body: Buffer | string
 
 /** A response the handler writes itself (Server-Sent Events); `signal` aborts when the client goes away. */
 export type StreamReply = {
-  stream: (res: ServerResponse, signal: AbortSignal) => Promise<void>;
+  stream: (res: ServerResponse, signal: AbortLike) => Promise<void>;
   headers?: ReplyHeaders;
 };
 
@@ -68,8 +69,13 @@ export type HandlerContext<K extends OperationId> = {
   /** The request id (also the `CF-RAY` header and every log line's `cfRay`). */
   requestId: string;
   log: Logger;
-  /** Aborted when the client disconnects, or by `abort`. Made when first read: read it only when needed. */
+  /**
+   * Aborted when the client disconnects, or by `abort`. Made when first read (request-abort.ts): pass
+   * `cancellation` instead where only `aborted`, `throwIfAborted` and 'abort' listeners are used.
+   */
   readonly signal: AbortSignal;
+  /** The same aborts as `signal`, read without making one. */
+  readonly cancellation: AbortLike;
   /**
    * Aborts `signal`: the handler gives up the request's work (its time limit), with one signal for both ends
    * instead of a second linked to this one. The answer is still the handler's to give.

@@ -12,6 +12,7 @@ import type { Backend, CatalogModel } from '../../catalog/types.ts';
 import type { HandlerGroups } from '../../handlers.ts';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError, badRequest, notFound } from '../../http/errors.ts';
+import type { AbortLike } from '../../http/request-abort.ts';
 import {
   SPEECH_CONTENT_TYPES,
   type SpeechFormat,
@@ -179,7 +180,7 @@ export function createSpeechHandlers(deps: SpeechDeps): HandlerGroups {
 
       return {
         headers,
-        stream: async (res: ServerResponse, signal: AbortSignal) => {
+        stream: async (res: ServerResponse, signal: AbortLike) => {
           signal.addEventListener('abort', onAbort, { once: true });
           res.writeHead(200, { 'Content-Type': contentType, 'Cache-Control': 'no-cache' });
           let failed = false;

@@ -16,6 +16,7 @@ import type {
 import type { HandlerGroups } from '../../handlers.ts';
 import type { HandlerContext, ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
+import type { AbortLike } from '../../http/request-abort.ts';
 import { extend } from '../../objects.ts';
 import type {
   ChatEvent,
@@ -161,9 +162,9 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
   const { chat } = deps;
 
   async function complete(ctx: HandlerContext<'createChatCompletion'>, prepared: PreparedChat) {
-    // One signal for both ends: the request's, aborted by the client leaving or by the time limit (no second
-    // controller linked to it: each signal costs microseconds on Node 20, http/request-abort.ts).
-    const signal = ctx.signal;
+    // One abort for both ends: the request's, by the client leaving or by the time limit, read without making
+    // a signal (http/request-abort.ts).
+    const signal = ctx.cancellation;
     let timedOut = false;
     const timeout = setTimeout(() => {
       timedOut = true;
@@ -253,15 +254,15 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
   }
 
   async function stream(ctx: HandlerContext<'createChatCompletion'>, prepared: PreparedChat) {
-    // The request's own signal (the client gone) stops the engine: no controller of our own (each signal Node
-    // makes costs a hidden class in V8's old generation, bench/HISTORY.md, thirteenth round).
-    const iterator = chat.run(prepared, ctx.signal)[Symbol.asyncIterator]();
+    // The request's own abort (the client gone) stops the engine: no controller of our own, and no signal made
+    // (http/request-abort.ts).
+    const iterator = chat.run(prepared, ctx.cancellation)[Symbol.asyncIterator]();
     let first: IteratorResult<ChatEvent>;
     try {
       first = await iterator.next();
     } catch (error) {
       await chat.release(prepared).finally(() => prepared.done());
-      throw ctx.signal.aborted ? clientClosed(error) : toApiError(error);
+      throw ctx.cancellation.aborted ? clientClosed(error) : toApiError(error);
     }
     const { stripTags, dropReasoning } = visibility(prepared);
     const n = prepared.request.n;
@@ -287,9 +288,9 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
 
     return {
       headers: modelHeaders(prepared),
-      stream: async (res: ServerResponse, signal: AbortSignal) => {
-        // The writer's signal is the request's (app.ts); either one ends the stream.
-        const aborted = () => ctx.signal.aborted || signal.aborted;
+      stream: async (res: ServerResponse, signal: AbortLike) => {
+        // The writer's abort is the request's (app.ts); either one ends the stream.
+        const aborted = () => ctx.cancellation.aborted || signal.aborted;
         // The frames written in one turn of the event loop leave together (one socket write, not one per
         // frame): corked at the first, uncorked once the turn's work is done. Frames are not held any longer.
         let corked = false;
@@ -508,7 +509,7 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
         body: extend(body, { service_parameters: sent ?? {} }),
         principal,
         requestId: ctx.requestId,
-        signal: ctx.signal,
+        signalOf: () => ctx.signal,
       });
       return body.stream ? stream(ctx, prepared) : complete(ctx, prepared);
     })();

@@ -25,6 +25,7 @@ import type { CatalogService } from '../../catalog/service.ts';
 import type { Backend, CatalogModel } from '../../catalog/types.ts';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError, badRequest, notFound } from '../../http/errors.ts';
+import type { AbortLike } from '../../http/request-abort.ts';
 import { nanoToUsdNumber } from '../../money.ts';
 import { extend } from '../../objects.ts';
 import { countPromptTokens, countTokens } from '../../providers/chat/tokenizer.ts';
@@ -218,7 +219,7 @@ export function createChatService(deps: ChatServiceDeps) {
   const { acquire } = createSlots();
 
   /** The events of the first backend that produces any, trying the next on a retryable failure before that. */
-  function failover(prepared: PreparedChat, signal: AbortSignal): AsyncIterator<ChatEvent> {
+  function failover(prepared: PreparedChat, signal: AbortLike): AsyncIterator<ChatEvent> {
     let next = 0;
     let provider: ChatProvider | undefined;
     let events: AsyncIterator<ChatEvent> | undefined;
@@ -379,7 +380,8 @@ export function createChatService(deps: ChatServiceDeps) {
       body: ChatCompletionRequest;
       principal: Principal;
       requestId: string;
-      signal?: AbortSignal;
+      /** The request's signal, asked for only by the steps that hand one on (scraping, web search). */
+      signalOf?: () => AbortSignal;
     }): Promise<PreparedChat> {
       const { body, principal } = input;
       const resolved = deps.catalog.resolveModel(body.model, 'text');
@@ -496,14 +498,15 @@ export function createChatService(deps: ChatServiceDeps) {
         try {
           if (scrapeUrls.length > 0 && deps.web?.scraper) {
             const scraper = deps.web.scraper;
-            const results = await Promise.all(scrapeUrls.map((url) => scraper.scrape(url, input.signal)));
+            const signal = input.signalOf?.();
+            const results = await Promise.all(scrapeUrls.map((url) => scraper.scrape(url, signal)));
             extras.scrapes = scrapedPages(results).length;
             context = scrapeContext(results, { maxPageChars: PAGE_CHARS });
           } else if (searching && deps.web?.search) {
             searchResults = await deps.web.search
               .search(userText.slice(0, 400), {
                 limit: SEARCH_RESULTS,
-                ...(input.signal ? { signal: input.signal } : {}),
+                ...(input.signalOf ? { signal: input.signalOf() } : {}),
               })
               .then((results) => {
                 extras.searches = 1;
@@ -581,7 +584,7 @@ export function createChatService(deps: ChatServiceDeps) {
      * over the provider's (not an async generator around it): one promise per event, not a generator's
      * queue and two awaits.
      */
-    run(prepared: PreparedChat, signal: AbortSignal): AsyncIterable<ChatEvent> {
+    run(prepared: PreparedChat, signal: AbortLike): AsyncIterable<ChatEvent> {
       return { [Symbol.asyncIterator]: () => failover(prepared, signal) };
     },
 

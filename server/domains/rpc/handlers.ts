@@ -17,7 +17,7 @@ export function createRpcHandlers(service: RpcService): HandlerGroups {
         network: ctx.path.network,
         body: ctx.body,
         idempotencyKey: Array.isArray(key) ? key[0] : key,
-        signal: ctx.signal,
+        signal: ctx.cancellation,
       });
       // The node's bytes as they came; only the media type is forced.
       return { status: 200, contentType: 'application/json', body: result.body, headers: result.headers };

@@ -11,6 +11,7 @@ import type { components } from '../../../generated/api.d.ts';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
 import { randomHex } from '../../http/random-hex.ts';
+import type { AbortLike } from '../../http/request-abort.ts';
 import { formatUsdFixed } from '../../money.ts';
 import { extend } from '../../objects.ts';
 import { type RpcUpstream, UpstreamError } from '../../providers/rpc/port.ts';
@@ -55,7 +56,7 @@ export type RpcCallInput = {
   network: string;
   body: unknown;
   idempotencyKey?: string | undefined;
-  signal?: AbortSignal;
+  signal?: AbortLike;
 };
 
 export type RpcCallResult = { headers: Record<string, string>; body: Buffer | string };
@@ -192,7 +193,7 @@ export function createRpcService(deps: RpcServiceDeps) {
     upstream: RpcUpstream,
     payload: Buffer,
     plan: RpcPlan,
-    signal: AbortSignal | undefined,
+    signal: AbortLike | undefined,
   ): Promise<RpcCallResult> {
     const subject = principal.accountId;
     const requestId = randomHex(16);

@@ -5,6 +5,8 @@
  * `ChatProviderError` with a kind the domain maps to the interface's statuses.
  */
 
+import type { AbortLike } from '../../http/request-abort.ts';
+
 export type ChatRole = 'system' | 'developer' | 'user' | 'assistant' | 'tool';
 
 /** A content part after the domain converted files to text; images, audio and video pass as they came. */
@@ -79,7 +81,8 @@ export type ChatProviderRequest = {
   promptCacheKey?: string;
   /** Request fields the interface does not list, passed through to upstreams as they came. */
   passthrough?: Record<string, unknown>;
-  signal?: AbortSignal;
+  /** The request's abort (an `AbortSignal` will do); what a backend hands on to an API that wants a signal is its own. */
+  signal?: AbortLike;
   /**
    * Told by a provider that calls an upstream once its request is on its way, with what cancels that call:
    * what its caller does during the upstream's wait starts then (the chat's hold made ahead, ChatService).

@@ -6,6 +6,7 @@
  */
 import { type Dispatcher, Pool } from 'undici';
 import type { UpstreamEndpoint } from '../../domains/rpc/networks.ts';
+import type { AbortLike } from '../../http/request-abort.ts';
 import { UPSTREAM_CONNECTIONS } from '../upstream-connections.ts';
 import { type ForwardInput, type ForwardResult, type RpcUpstream, UpstreamError } from './port.ts';
 
@@ -70,7 +71,7 @@ class NodeAttempt implements Dispatcher.DispatchHandler {
   constructor(
     timeoutMs: number,
     private readonly maxBytes: number,
-    private readonly signal: AbortSignal | undefined,
+    private readonly signal: AbortLike | undefined,
   ) {
     this.result = new Promise<Attempt>((resolve) => {
       this.settle = resolve;
@@ -129,7 +130,7 @@ class NodeAttempt implements Dispatcher.DispatchHandler {
   }
 }
 
-function attempt(node: Node, payload: Buffer, maxBytes: number, signal?: AbortSignal): Promise<Attempt> {
+function attempt(node: Node, payload: Buffer, maxBytes: number, signal?: AbortLike): Promise<Attempt> {
   const call = new NodeAttempt(node.timeoutMs, maxBytes, signal);
   if (signal?.aborted) call.fail('aborted');
   else node.pool.dispatch({ path: node.path, method: 'POST', headers: node.headers, body: payload }, call);

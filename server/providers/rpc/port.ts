@@ -3,6 +3,7 @@
  * and a parser; the upstream returns the first answer the parser accepts, failing over to the next node on
  * timeouts, refused connections, 5xx and 429 answers, and answers that are not JSON-RPC.
  */
+import type { AbortLike } from '../../http/request-abort.ts';
 
 export type UpstreamFailureKind =
   /** No answer within the node's timeout. */
@@ -33,7 +34,8 @@ export class UpstreamError extends Error {
 export type ForwardInput<T> = {
   /** The JSON-RPC request, already serialised. */
   payload: Buffer;
-  signal?: AbortSignal;
+  /** The caller's abort (an `AbortSignal` will do): the call ends when it aborts. */
+  signal?: AbortLike;
   /** Accepts an answer (returns what it parsed) or rejects it (undefined: fail over to the next node). */
   parse(status: number, body: Buffer): T | undefined;
 };
