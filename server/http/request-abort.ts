@@ -4,11 +4,11 @@
  *
  * On Node 20 making an `AbortSignal` is dear: Node swaps the new object's prototype after constructing it, so
  * every signal gets hidden classes of its own, and each property Node then stores on it makes another (V8's
- * `KeyedStoreIC_Slow` and `Map::CopyWithField` under `createAbortSignal`; bench/HISTORY.md, thirteenth and
- * twenty-third rounds: about 50,000 instructions per chat request for one signal fewer). Most operations never
- * read a signal (the model lists, account reads); the chat and the JSON-RPC proxy only ask whether the request
- * was aborted and listen for it, which `RequestAbort` answers itself. A real signal is still made for whatever
- * needs one (`fetch`, `AbortSignal.any`), at its first read.
+ * `KeyedStoreIC_Slow` and `Map::CopyWithField` under `createAbortSignal`). One signal fewer took 41,000 to
+ * 55,000 instructions off a request in most measurements (bench/HISTORY.md, thirteenth and twenty-third
+ * rounds). Most operations never read a signal (the model lists, account reads); the chat and the JSON-RPC
+ * proxy only ask whether the request was aborted and listen for it, which `RequestAbort` answers itself. A real
+ * signal is still made for whatever needs one (`fetch`, `AbortSignal.any`), at its first read.
  */
 
 /**
