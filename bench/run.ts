@@ -126,20 +126,16 @@ async function main(): Promise<Report> {
   log('starting the ceiling and the servers');
   const rpcEnv = { RPC_UPSTREAM_BASE_MAINNET: anvil.url };
   const ceiling = await startNodeChild('ceiling', 'bench/ceiling.ts', {});
-  const floor = await startNodeChild('floor', 'bench/floor.ts', {
-    FLOOR_DB: floorFile,
-    FLOOR_KEY: floorKey,
+  const floorEnv = (file: string, key: string) => ({
+    FLOOR_DB: file,
+    FLOOR_KEY: key,
     FLOOR_UPSTREAM: anvil.url,
     FLOOR_CHAT_UPSTREAM: upstream.origin,
   });
+  const floor = await startNodeChild('floor', 'bench/floor.ts', floorEnv(floorFile, floorKey));
   // The bare forward from a floor process of its own (it writes nothing): the JSON-RPC floor's process then
   // serves only that floor in its group's turns, so its system calls can be counted as the server's are.
-  const bare = await startNodeChild('bare forward', 'bench/floor.ts', {
-    FLOOR_DB: bareFile,
-    FLOOR_KEY: bareKey,
-    FLOOR_UPSTREAM: anvil.url,
-    FLOOR_CHAT_UPSTREAM: upstream.origin,
-  });
+  const bare = await startNodeChild('bare forward', 'bench/floor.ts', floorEnv(bareFile, bareKey));
   const onSqlite = await startNodeChild(
     'server (SQLite)',
     SERVER,

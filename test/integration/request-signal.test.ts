@@ -68,20 +68,24 @@ async function signalsOf(request: Parameters<typeof send>[1]): Promise<{ status:
   }
 }
 
-const chat = (stream: boolean, model = 'llama-3.3-70b') => ({
+/** A JSON POST under the base path with the test's key. */
+const post = (path: string, body: unknown) => ({
   method: 'POST',
-  target: '/api/v1/chat/completions',
+  target: `/api/v1${path}`,
   headers: [
     ['authorization', `Bearer ${key}`],
     ['content-type', 'application/json'],
   ] as [string, string][],
-  body: JSON.stringify({
+  body: JSON.stringify(body),
+});
+
+const chat = (stream: boolean, model = 'llama-3.3-70b') =>
+  post('/chat/completions', {
     model,
     messages: [{ role: 'user', content: 'Say hello.' }],
     max_tokens: 8,
     stream,
-  }),
-});
+  });
 
 beforeAll(async () => {
   node = await startRpcStandIn('solana');
@@ -139,15 +143,7 @@ describe('the signals a request makes', () => {
 
   test('behavior: a JSON-RPC call makes none; the node was called', async () => {
     const before = node.requests.length;
-    const call = {
-      method: 'POST',
-      target: '/api/v1/crypto/rpc/solana-mainnet',
-      headers: [
-        ['authorization', `Bearer ${key}`],
-        ['content-type', 'application/json'],
-      ] as [string, string][],
-      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'getSlot' }),
-    };
+    const call = post('/crypto/rpc/solana-mainnet', { jsonrpc: '2.0', id: 1, method: 'getSlot' });
     for (let i = 0; i < 2; i++) expect(await signalsOf(call)).toEqual({ status: 200, count: 0 });
     expect(node.requests.length).toBe(before + 2);
   });

@@ -289,8 +289,8 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
     return {
       headers: modelHeaders(prepared),
       stream: async (res: ServerResponse, signal: AbortLike) => {
-        // The writer's abort is the request's (app.ts); either one ends the stream.
-        const aborted = () => ctx.cancellation.aborted || signal.aborted;
+        // The writer's abort is the request's own (app.ts): the client gone ends the stream.
+        const aborted = () => signal.aborted;
         // The frames written in one turn of the event loop leave together (one socket write, not one per
         // frame): corked at the first, uncorked once the turn's work is done. Frames are not held any longer.
         let corked = false;
