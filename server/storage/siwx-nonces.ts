@@ -2,33 +2,37 @@
  * Sign-In-With-X nonces: a nonce is accepted once per wallet, atomically, in the shared database. The insert
  * is `ON CONFLICT DO NOTHING` on the (address, nonce) primary key, so of any number of concurrent requests on
  * any number of processes carrying the same signed message, exactly one gets `true`.
+ *
+ * Every wallet-paid request records one, so the insert is a hot statement: compiled once, and a short write
+ * (`Database.write`): on SQLite it joins the commit group under way, when there is one, instead of committing
+ * on its own (about 100 µs alone here, a third of them its commit).
  */
 import type { Database } from './database.ts';
-import { type RepositoryOptions, resolveOptions } from './internal.ts';
+import { compiledOnce, type RepositoryOptions, resolveOptions } from './internal.ts';
 
 export type SiwxNoncesRepository = ReturnType<typeof createSiwxNonces>;
 
 export function createSiwxNonces(database: Database, options: RepositoryOptions = {}) {
   const { db } = database;
   const { now } = resolveOptions(options);
+  const insert = compiledOnce((address: string, nonce: string, expiresAtMs: number, createdAtMs: number) =>
+    db
+      .insertInto('siwx_nonces')
+      .values({ address, nonce, expires_at_ms: expiresAtMs, created_at_ms: createdAtMs })
+      .onConflict((oc) => oc.columns(['address', 'nonce']).doNothing())
+      .returning('nonce'),
+  );
   return {
     /**
      * Records the nonce as used by the wallet; `false` when it was used before. `expiresAtMs` is when a
      * message carrying it would be refused anyway (too old), after which the row may be pruned.
      */
     async consume(input: { address: string; nonce: string; expiresAtMs: number }): Promise<boolean> {
-      const inserted = await db
-        .insertInto('siwx_nonces')
-        .values({
-          address: input.address,
-          nonce: input.nonce,
-          expires_at_ms: input.expiresAtMs,
-          created_at_ms: now(),
-        })
-        .onConflict((oc) => oc.columns(['address', 'nonce']).doNothing())
-        .returning('nonce')
-        .executeTakeFirst();
-      return inserted !== undefined;
+      const at = now();
+      const inserted = await database.write((runner) =>
+        insert(runner, input.address, input.nonce, input.expiresAtMs, at),
+      );
+      return inserted.length > 0;
     },
 
     /** Drops nonces whose messages can no longer be accepted; returns how many. */

@@ -1,6 +1,7 @@
 /**
  * The harness's report (bench/report.ts): the one-at-a-time table carries what a target's process counted per
- * request where its process served it alone, and the floors' section compares each proxy with its floor.
+ * request where its process served it alone, the floors' section compares each proxy with its floor and the
+ * wallet-paid chats with the API-key chat, whose rows the throughput table shows like the others.
  */
 import { expect, test } from 'vitest';
 import { floors, type Report, renderMarkdown } from '../../bench/report.ts';
@@ -12,6 +13,24 @@ const report: Report = {
   rows: [
     { id: 'ceiling', label: 'ceiling', rps: 30000, p50Ms: 0, p99Ms: 1, failures: 0, peakRssMb: 70 },
     { id: 'chatSqlite', label: 'chat', rps: 3000, p50Ms: 5, p99Ms: 10, failures: 0, peakRssMb: 240 },
+    {
+      id: 'chatWallet',
+      label: 'chat, local engine, wallet (EVM sign-in), SQLite',
+      rps: 1200,
+      p50Ms: 12,
+      p99Ms: 30,
+      failures: 0,
+      peakRssMb: 330,
+    },
+    {
+      id: 'chatWalletSolana',
+      label: 'chat, local engine, wallet (Solana sign-in), SQLite',
+      rps: 45,
+      p50Ms: 350,
+      p99Ms: 420,
+      failures: 0,
+      peakRssMb: 330,
+    },
   ],
   sequential: {
     upstreamProxy: { p50Us: 1477, p99Us: 4643, readsPerRequest: 2, writesPerRequest: 37.84 },
@@ -50,4 +69,20 @@ test("behavior: the floors compare each proxy's write system calls with its floo
   const uncounted = { ...report, sequential: {} };
   expect(row('chat upstream adapter: write system calls', uncounted)).toBe('n/a / n/a');
   expect(row('JSON-RPC proxy: write system calls', uncounted)).toBe('n/a / n/a');
+});
+
+test('behavior: the wallet-paid chats are rows like the others and ratios to the API-key chat in the floors', () => {
+  const markdown = renderMarkdown(report);
+  expect(markdown).toContain(
+    '| chat, local engine, wallet (EVM sign-in), SQLite | 1200 | 4.0% | 12.0 | 30.0 | 0 | 330 |',
+  );
+  expect(markdown).toContain(
+    '| chat, local engine, wallet (Solana sign-in), SQLite | 45 | 0.1% | 350.0 | 420.0 | 0 | 330 |',
+  );
+  expect(markdown).toContain('| chat, wallet EVM / API key (SQLite) | 40.0% |');
+  expect(markdown).toContain('| chat, wallet Solana / API key (SQLite) | 1.5% |');
+  const row = (start: string, of = report) => floors(of).find((f) => f.measure === start)?.value;
+  const walletless = { ...report, rows: report.rows.filter((r) => !r.id.startsWith('chatWallet')) };
+  expect(row('chat, wallet EVM / API key (SQLite)', walletless)).toBe('n/a%');
+  expect(row('chat, wallet Solana / API key (SQLite)', walletless)).toBe('n/a%');
 });

@@ -21,6 +21,7 @@ import type { LedgerRepository } from '../../storage/ledger.ts';
 import { createSiwxNonces } from '../../storage/siwx-nonces.ts';
 import { createWalletSlots } from '../../storage/wallet-slots.ts';
 import { createPendingSettlementStore, createX402Payments } from '../../storage/x402-payments.ts';
+import { createTtlCache } from '../ttl-cache.ts';
 import type { DiscoveryOptions } from './discovery.ts';
 import { createWalletHandlers } from './handlers.ts';
 import { MINIMUM_BALANCE_NANO, walletPaymentRequired } from './payment-required.ts';
@@ -161,10 +162,18 @@ export function createWalletDomain(deps: WalletDomainDeps) {
     });
   });
 
+  // A wallet's account id, by its normalised address: made on its first sign-in and never changed or deleted
+  // afterwards, so it is kept for good (up to 10,000 wallets), and a wallet's later requests skip the
+  // find-or-create (an insert that does nothing, then a select).
+  const walletAccountIds = createTtlCache(
+    async (address: string) => (await accounts.findOrCreateWalletAccount(address)).account.id,
+    { ttlMs: Number.POSITIVE_INFINITY },
+  );
+
   async function verifySignInWithX(header: string, _req?: Request): Promise<WalletPrincipal> {
     const signIn = await verifier.verify(header);
-    const { account } = await accounts.findOrCreateWalletAccount(signIn.normalizedAddress);
-    return { kind: 'wallet', accountId: account.id, walletAddress: signIn.address };
+    const accountId = await walletAccountIds.get(signIn.normalizedAddress);
+    return { kind: 'wallet', accountId, walletAddress: signIn.address };
   }
 
   const paymentRequired = (input: { currentBalanceNano?: bigint; requiredNano?: bigint }) =>

@@ -12,16 +12,18 @@
  * configured public origin (never a request header); the chain is Base (8453) or Solana mainnet; `issuedAt` is
  * at most `maxAgeMs` old and at most `clockSkewMs` in the future; `expirationTime` and `notBefore` are
  * honoured; the signature is checked (EVM EOAs offline, smart wallets through the Base RPC with EIP-1271 /
- * EIP-6492; Solana ed25519 with a base58 or base64 signature); and only then is the nonce consumed, once per
+ * EIP-6492; Solana ed25519 with a base58 or base64 signature; signatures.ts does the offline checks fast);
+ * and only then is the nonce consumed, once per
  * wallet, atomically in the shared database, so that a bad signature cannot burn someone's nonce.
  */
-import { createSIWxMessage, decodeBase58, verifySolanaSignature } from '@x402/extensions/sign-in-with-x';
-import { BaseError, getAddress, HttpRequestError, isAddress, isHex, TimeoutError, verifyMessage } from 'viem';
+import { createSIWxMessage, decodeBase58 } from '@x402/extensions/sign-in-with-x';
+import { BaseError, getAddress, HttpRequestError, isAddress, isHex, TimeoutError } from 'viem';
 import { parseSiweMessage } from 'viem/siwe';
 import { z } from 'zod';
 import { ApiError } from '../../http/errors.ts';
 import { normalizeWalletAddress } from '../../storage/accounts.ts';
 import { BASE_NETWORK, SOLANA_NETWORK } from './discovery.ts';
+import { isEd25519Signature, isEoaSignature } from './signatures.ts';
 
 /** Oldest `issuedAt` accepted (the challenge lifetime). */
 export const SIWX_MAX_AGE_MS = 5 * 60_000;
@@ -351,7 +353,7 @@ export function createSiwxVerifier(deps: SiwxVerifierDeps) {
       signature: proof.signature as `0x${string}`,
     };
     // An EOA signature is checked offline; only what recovery rejects goes to the RPC (smart wallets).
-    const offline = await verifyMessage(args).catch(() => false);
+    const offline = await isEoaSignature(args.address, args.message, args.signature);
     if (offline) return;
     if (deps.smartWalletVerifier) {
       let verdict: Awaited<ReturnType<EvmSmartWalletVerifier>>;
@@ -390,7 +392,7 @@ export function createSiwxVerifier(deps: SiwxVerifierDeps) {
     if (!signature) {
       throw signInError('INVALID_SIGNATURE', 'The signature is not 64 bytes of base58 or base64');
     }
-    if (!verifySolanaSignature(proof.message, signature, key)) {
+    if (!isEd25519Signature(proof.message, signature, key)) {
       throw signInError('INVALID_SIGNATURE', 'The signature does not match the wallet');
     }
   }

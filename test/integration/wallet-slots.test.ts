@@ -1,0 +1,164 @@
+/**
+ * Wallet request slots (server/storage/wallet-slots.ts) on SQLite and on a real PostgreSQL: at most `max` live
+ * slots per account however many requests ask at once (on PostgreSQL also when they all queue behind another
+ * process's lock of the account and are let go together), freed slots and expired ones do not count, an
+ * unknown account is refused; on PostgreSQL a slot is taken in one round trip, and taking and freeing one
+ * commit without waiting for the WAL flush.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { CompiledQuery, sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { createAccounts, createDatabase, type Database, migrate } from '../../server/storage/index.ts';
+import { createWalletSlots } from '../../server/storage/wallet-slots.ts';
+import { holdAccountLock, type StartedPostgres, startPostgres } from '../support/postgres.ts';
+
+const scratch = mkdtempSync(join(tmpdir(), 'wallet-slots-'));
+let postgres: StartedPostgres | undefined;
+
+afterAll(async () => {
+  await postgres?.stop();
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+const engines: Array<[string, () => Promise<string>]> = [
+  ['sqlite', async () => `sqlite:${join(scratch, 'slots.sqlite')}`],
+  [
+    'postgres',
+    async () => {
+      postgres ??= await startPostgres();
+      return postgres.createDatabase('wallet_slots');
+    },
+  ],
+];
+
+const T0 = Date.UTC(2026, 10, 27, 12);
+
+describe.each(engines)('wallet request slots on %s', (engine, url) => {
+  let database: Database;
+  let databaseUrl: string;
+  let clock = T0;
+  const slots = () => createWalletSlots(database, { now: () => clock });
+  const newWallet = async () =>
+    (
+      await createAccounts(database).findOrCreateWalletAccount(
+        `0x${crypto.randomUUID().replace(/-/g, '')}abcdefgh`,
+      )
+    ).account.id;
+
+  beforeAll(async () => {
+    databaseUrl = await url();
+    database = await createDatabase(databaseUrl, { poolMax: 12 });
+    await migrate(database);
+  }, 120_000);
+
+  afterAll(async () => {
+    await database?.close();
+  });
+
+  test('behavior: of 12 requests at once, 5 take a slot; a freed slot and an expired one come back', async () => {
+    const accountId = await newWallet();
+    const taken = await Promise.all(
+      Array.from({ length: 12 }, () => slots().acquire({ accountId, max: 5, leaseMs: 60_000 })),
+    );
+    const ids = taken.filter((id) => id !== undefined);
+    expect(ids).toHaveLength(5);
+    expect(new Set(ids).size).toBe(5);
+    expect(await slots().acquire({ accountId, max: 5, leaseMs: 60_000 })).toBeUndefined();
+    // Freed (twice: idempotent), one comes back, once.
+    await slots().release(ids[0] as string);
+    await slots().release(ids[0] as string);
+    expect(await slots().acquire({ accountId, max: 5, leaseMs: 60_000 })).toEqual(expect.any(String));
+    expect(await slots().acquire({ accountId, max: 5, leaseMs: 60_000 })).toBeUndefined();
+    // Past their lease, slots of a crashed process no longer count.
+    clock += 60_000;
+    expect(await slots().acquire({ accountId, max: 5, leaseMs: 60_000 })).toEqual(expect.any(String));
+    clock = T0;
+  });
+
+  test('behavior: an unknown account is refused, and nothing is written for it', async () => {
+    await expect(slots().acquire({ accountId: 'no-such-account', max: 5, leaseMs: 60_000 })).rejects.toThrow(
+      /account/,
+    );
+    const rows = await database.db
+      .selectFrom('wallet_request_slots')
+      .select('id')
+      .where('account_id', '=', 'no-such-account')
+      .execute();
+    expect(rows).toEqual([]);
+  });
+
+  test.runIf(engine === 'postgres')(
+    'behavior: requests queued behind another process’s lock of the account, let go together, take at most 5',
+    async () => {
+      const accountId = await newWallet();
+      // The other process holds the account's lock and takes two slots under it.
+      const elsewhere = await createDatabase(databaseUrl, { poolMax: 2 });
+      try {
+        const holder = await holdAccountLock(elsewhere, accountId, async (trx) => {
+          for (const id of ['held-1', 'held-2']) {
+            await trx
+              .insertInto('wallet_request_slots')
+              .values({ id: `${id}-${accountId}`, account_id: accountId, expires_at_ms: T0 + 60_000 })
+              .execute();
+          }
+        });
+        const waiting = Array.from({ length: 10 }, () =>
+          slots().acquire({ accountId, max: 5, leaseMs: 60_000 }),
+        );
+        await holder.waitForWaiter();
+        await holder.release();
+        // Each waiter counts after the lock is granted: it sees the two slots committed meanwhile.
+        expect((await Promise.all(waiting)).filter((id) => id !== undefined)).toHaveLength(3);
+      } finally {
+        await elsewhere.close();
+      }
+    },
+  );
+
+  test.runIf(engine === 'postgres')(
+    'behavior: a slot is taken in one round trip and taken and freed without waiting for the WAL flush',
+    async () => {
+      const accountId = await newWallet();
+      // Statements as text (no prepared ones), to read and run again what is sent.
+      const texts: string[] = [];
+      const textual = await createDatabase(databaseUrl, {
+        preparedStatements: false,
+        onQuery: (text) => texts.push(text),
+      });
+      try {
+        const id = await createWalletSlots(textual).acquire({ accountId, max: 5, leaseMs: 60_000 });
+        expect(id).toEqual(expect.any(String));
+        // One query: the lock, then the statement that counts and inserts.
+        const [taking, ...afterTaking] = texts.splice(0);
+        expect(afterTaking).toEqual([]);
+        expect(taking).toMatch(/^select 1 from accounts where id = '[^']+' for update;\nwith live as/);
+        await createWalletSlots(textual).release(id as string);
+        const [freeing, ...afterFreeing] = texts.splice(0);
+        expect(afterFreeing).toEqual([]);
+        expect(freeing).toMatch(
+          /^delete from "wallet_request_slots" where "id" = \$1 returning set_config\('synchronous_commit', 'off', true\)/,
+        );
+        // Each turns the setting off for its own transaction only: the statements run again in a transaction
+        // of the test's, on one connection, then the setting outside it.
+        const show = sql<{ synchronous_commit: string }>`show synchronous_commit`;
+        const statement = (taking as string).slice((taking as string).indexOf(';\n') + 2);
+        // A slot to free (the statement frees by id: freeing none calls nothing in its RETURNING).
+        const other = await slots().acquire({ accountId, max: 5, leaseMs: 60_000 });
+        await database.db.connection().execute(async (connection) => {
+          for (const query of [CompiledQuery.raw(statement), CompiledQuery.raw(freeing as string, [other])]) {
+            await connection.transaction().execute(async (trx) => {
+              expect((await show.execute(trx)).rows[0]?.synchronous_commit).toBe('on');
+              await trx.executeQuery(query);
+              expect((await show.execute(trx)).rows[0]?.synchronous_commit).toBe('off');
+            });
+            expect((await show.execute(connection)).rows[0]?.synchronous_commit).toBe('on');
+          }
+        });
+      } finally {
+        await textual.close();
+      }
+    },
+  );
+});
