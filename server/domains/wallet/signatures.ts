@@ -59,7 +59,7 @@ const ED25519_SPKI_PREFIX = Buffer.from('302a300506032b6570032100', 'hex');
 /** Keys already decoded (base64 of their 32 bytes): OpenSSL's key, or null for one refused. */
 const ed25519Keys = new Map<string, KeyObject | null>();
 /** How many keys `ed25519Keys` holds at most; the oldest entry goes first. */
-export const ED25519_KEY_CACHE_SIZE = 10_000;
+const ED25519_KEY_CACHE_SIZE = 10_000;
 
 /** OpenSSL's key for the 32 bytes of an Ed25519 public key; null when it is not a point or of small order. */
 function ed25519Key(publicKey: Uint8Array): KeyObject | null {
