@@ -11,7 +11,7 @@
  * could lose is the last fraction of a second of slots: a slot taken but lost lets its wallet run one more
  * request for as long as that request lasts, a freed slot that comes back holds one of the wallet's five until
  * its lease ends. A request's reservation, committed synchronously after its slot, flushes the slot's record
- * with its own. This saves the request a round trip or four and a WAL flush before its work, and the release
+ * with its own. This saves a request four round trips and a WAL flush before its work, and the release
  * one flush after it.
  */
 import { sql } from 'kysely';

@@ -13,8 +13,8 @@
  * at most `maxAgeMs` old and at most `clockSkewMs` in the future; `expirationTime` and `notBefore` are
  * honoured; the signature is checked (EVM EOAs offline, smart wallets through the Base RPC with EIP-1271 /
  * EIP-6492; Solana ed25519 with a base58 or base64 signature; signatures.ts does the offline checks fast);
- * and only then is the nonce consumed, once per
- * wallet, atomically in the shared database, so that a bad signature cannot burn someone's nonce.
+ * and only then is the nonce consumed, once per wallet, atomically in the shared database, so that a bad
+ * signature cannot burn someone's nonce.
  */
 import { createSIWxMessage, decodeBase58 } from '@x402/extensions/sign-in-with-x';
 import { BaseError, getAddress, HttpRequestError, isAddress, isHex, TimeoutError } from 'viem';
