@@ -11,16 +11,16 @@ import { secp256k1 } from '@noble/curves/secp256k1';
 import { encodeBase58 } from '@x402/extensions/sign-in-with-x';
 import { type Hex, hashMessage, numberToHex, serializeSignature } from 'viem';
 import { generatePrivateKey, privateKeyToAddress } from 'viem/accounts';
-import { createSiweMessage } from 'viem/siwe';
 import { parseUsdToNano } from '../server/money.ts';
 import { createAccounts, createDatabase, createLedger, migrate } from '../server/storage/index.ts';
 import {
+  evmSignInHeader,
+  evmSignInMessage,
   freshNonce,
   SOLANA_MAINNET,
   type SolanaWallet,
   solanaSignIn,
   solanaWallet,
-  toBase64Json,
 } from '../test/support/x402/siwx.ts';
 import type { Target } from './measure.ts';
 import { json, localChatTarget } from './setup.ts';
@@ -97,10 +97,10 @@ function newWallet(kind: Wallet['kind']): Wallet {
 
 /**
  * A fresh `SIGN-IN-WITH-X` header of `wallet` for the server at `origin` (a new nonce, issued now; or the
- * `nonce` and `issuedAt` given), in the interface's shape, as the tests' helpers (test/support/x402/siwx.ts)
- * build it. Synchronous, so that a header can be signed for a request autocannon is building: an EVM message
- * is signed as viem's `signMessage` signs it (the same deterministic signature; it is asynchronous only in
- * name), with `@noble/curves` directly.
+ * `nonce` and `issuedAt` given), in the interface's shape, built by the tests' helpers
+ * (test/support/x402/siwx.ts: the EVM message and header, the Solana sign-in). Synchronous, so that a header
+ * can be signed for a request autocannon is building: an EVM message is signed as viem's `signMessage` signs
+ * it (the same deterministic signature; it is asynchronous only in name), with `@noble/curves` directly.
  */
 export function signIn(
   wallet: Wallet,
@@ -110,18 +110,7 @@ export function signIn(
   const issuedAt = options.issuedAt ?? new Date();
   const nonce = options.nonce ?? freshNonce();
   if (wallet.kind === 'solana') return solanaSignIn(wallet.keyPair, { origin, issuedAt, nonce });
-  const url = new URL(origin);
-  const message = createSiweMessage({
-    domain: url.host,
-    address: wallet.address as Hex,
-    statement: 'Sign in to the Service API with your wallet.',
-    uri: url.origin,
-    version: '1',
-    chainId: 8453,
-    nonce,
-    issuedAt,
-    expirationTime: new Date(issuedAt.getTime() + 10 * 60_000),
-  });
+  const { message } = evmSignInMessage(wallet.address as Hex, { origin, issuedAt, nonce });
   const { r, s, recovery } = secp256k1.sign(hashMessage(message).slice(2), wallet.privateKey.slice(2), {
     lowS: true,
   });
@@ -130,13 +119,7 @@ export function signIn(
     s: numberToHex(s, { size: 32 }),
     yParity: recovery,
   });
-  return toBase64Json({
-    address: wallet.address,
-    message,
-    signature,
-    timestamp: issuedAt.getTime(),
-    chainId: 8453,
-  });
+  return evmSignInHeader(wallet.address, { message, issuedAt, signature }, { origin });
 }
 
 /**

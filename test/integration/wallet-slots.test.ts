@@ -5,6 +5,7 @@
  * unknown account is refused; on PostgreSQL a slot is taken in one round trip, and taking and freeing one
  * commit without waiting for the WAL flush.
  */
+import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -40,12 +41,10 @@ describe.each(engines)('wallet request slots on %s', (engine, url) => {
   let databaseUrl: string;
   let clock = T0;
   const slots = () => createWalletSlots(database, { now: () => clock });
-  const newWallet = async () =>
-    (
-      await createAccounts(database).findOrCreateWalletAccount(
-        `0x${crypto.randomUUID().replace(/-/g, '')}abcdefgh`,
-      )
-    ).account.id;
+  const newWallet = async () => {
+    const address = `0x${randomBytes(20).toString('hex')}`;
+    return (await createAccounts(database).findOrCreateWalletAccount(address)).account.id;
+  };
 
   beforeAll(async () => {
     databaseUrl = await url();

@@ -35,13 +35,19 @@ export const freshNonce = () => randomBytes(8).toString('hex');
 
 export const toBase64Json = (value: unknown) => Buffer.from(JSON.stringify(value)).toString('base64');
 
-/** The interface's shape, EVM: `{address, message, signature, timestamp, chainId}`. */
-export async function evmSignIn(account: LocalAccount, options: SignInOptions): Promise<string> {
+/**
+ * The interface's shape, EVM, in two halves for signers of either kind: the EIP-4361 message `address` signs
+ * (`issuedAt` the time it names), then the header of that message with its signature.
+ */
+export function evmSignInMessage(
+  address: `0x${string}`,
+  options: SignInOptions,
+): { message: string; issuedAt: Date } {
   const origin = new URL(options.origin);
   const issuedAt = options.issuedAt ?? new Date();
   const message = createSiweMessage({
     domain: options.domain ?? origin.host,
-    address: account.address,
+    address,
     statement: 'Sign in to the Service API with your wallet.',
     uri: options.uri ?? origin.origin,
     version: '1',
@@ -53,14 +59,29 @@ export async function evmSignIn(account: LocalAccount, options: SignInOptions): 
       : { expirationTime: options.expirationTime ?? new Date(issuedAt.getTime() + 10 * 60_000) }),
     ...(options.notBefore ? { notBefore: options.notBefore } : {}),
   });
-  const signature = await account.signMessage({ message });
+  return { message, issuedAt };
+}
+
+/** The header of `evmSignInMessage`'s message signed by `address`: `{address, message, signature, timestamp, chainId}`. */
+export function evmSignInHeader(
+  address: string,
+  signed: { message: string; issuedAt: Date; signature: string },
+  options: SignInOptions,
+): string {
   return toBase64Json({
-    address: options.address ?? account.address,
-    message,
-    signature,
-    timestamp: options.timestamp ?? issuedAt.getTime(),
+    address: options.address ?? address,
+    message: signed.message,
+    signature: signed.signature,
+    timestamp: options.timestamp ?? signed.issuedAt.getTime(),
     chainId: options.chainId ?? 8453,
   });
+}
+
+/** The interface's shape, EVM: `{address, message, signature, timestamp, chainId}`. */
+export async function evmSignIn(account: LocalAccount, options: SignInOptions): Promise<string> {
+  const { message, issuedAt } = evmSignInMessage(account.address, options);
+  const signature = await account.signMessage({ message });
+  return evmSignInHeader(account.address, { message, issuedAt, signature }, options);
 }
 
 /** The x402 extension's shape, built by the stock client helper from a challenge. */
