@@ -21,6 +21,12 @@ export type Target = {
    * sign with the first; `throughput` gives each connection a signer of its own.
    */
   signed?: { header: string; signers: ReadonlyArray<() => string> };
+  /**
+   * A header whose value is the same on every request of a connection and differs between connections: a key
+   * per connection, so that each connection charges an account of its own. `probe` and `latencies` send the
+   * first value; `throughput` gives connection i the value i.
+   */
+  perConnection?: { header: string; values: readonly string[] };
 };
 
 export type Throughput = {
@@ -60,6 +66,8 @@ export async function throughput(
   options: { presign?: number } = {},
 ): Promise<Throughput> {
   const pools = target.signed ? signedPools(target.signed, connections, options.presign ?? 0) : undefined;
+  const fixed = target.perConnection ? valuePerConnection(target.perConnection, connections) : undefined;
+  const setupClient = pools?.setupClient ?? fixed;
   const result = await autocannon({
     url: target.url,
     method: target.method,
@@ -68,7 +76,7 @@ export async function throughput(
     connections,
     duration: seconds,
     timeout: 30,
-    ...(pools ? { setupClient: pools.setupClient } : {}),
+    ...(setupClient ? { setupClient } : {}),
   });
   return {
     rps: result.requests.average,
@@ -120,10 +128,42 @@ function signedPools(signed: NonNullable<Target['signed']>, connections: number,
   };
 }
 
-/** The target's headers for one request: with a fresh signed header when it needs one (its first signer's). */
+/**
+ * autocannon's `setupClient` for a header of each connection's own (`Target.perConnection`): connection i sends
+ * value i on every request, set in place as `signedPools` does.
+ */
+function valuePerConnection(perConnection: NonNullable<Target['perConnection']>, connections: number) {
+  const { header, values } = perConnection;
+  if (values.length < connections) {
+    throw new Error(
+      `${values.length} values of ${header} for ${connections} connections: one per connection`,
+    );
+  }
+  let next = 0;
+  return (client: Client) => {
+    const value = values[next++ % connections] as string;
+    client.setRequests([
+      {
+        setupRequest: (request) => {
+          request.headers[header] = value;
+          return request;
+        },
+      },
+    ]);
+  };
+}
+
+/**
+ * The target's headers for one request: with a fresh signed header when it needs one (its first signer's), or
+ * the first connection's value of a header per connection.
+ */
 function headersOf(target: Target): Record<string, string> | undefined {
   const sign = target.signed?.signers[0];
-  return target.signed && sign ? { ...target.headers, [target.signed.header]: sign() } : target.headers;
+  if (target.signed && sign) return { ...target.headers, [target.signed.header]: sign() };
+  const first = target.perConnection?.values[0];
+  return target.perConnection && first !== undefined
+    ? { ...target.headers, [target.perConnection.header]: first }
+    : target.headers;
 }
 
 /** One request on a keep-alive agent (with `headers`, signed beforehand); resolves with the status and body. */

@@ -1,13 +1,24 @@
 /**
- * `node bench/profile-summary.mjs <dir>`: a text summary of the `.cpuprofile` in dir (from `npm run
- * bench:profile`): where the samples fall by package or file, by function (self), and inclusively.
+ * `node bench/profile-summary.mjs <dir or file>`: a text summary of a `.cpuprofile` (from `npm run
+ * bench:profile` or `bench/inproc.ts`): where the samples fall by package or file, by function (self), and
+ * inclusively. Given a directory, it reads the newest profile there, and of one run's profiles (the main thread
+ * and each worker write one) the largest: the main thread's. Earlier runs' profiles stay in the directory.
  */
-import { readdirSync, readFileSync } from 'node:fs';
+import { readdirSync, readFileSync, statSync } from 'node:fs';
 
-const dir = process.argv[2];
-const file = readdirSync(dir)
-  .filter((f) => f.endsWith('.cpuprofile'))
-  .map((f) => `${dir}/${f}`)[0];
+const given = process.argv[2];
+const file = statSync(given).isDirectory() ? newestProfile(given) : given;
+console.log(`profile ${file}`);
+
+function newestProfile(dir) {
+  const profiles = readdirSync(dir)
+    .filter((f) => f.endsWith('.cpuprofile'))
+    .map((f) => ({ path: `${dir}/${f}`, ...statSync(`${dir}/${f}`) }));
+  if (profiles.length === 0) throw new Error(`no .cpuprofile in ${dir}`);
+  // One run's files are written within a second or so of each other: newest run first, then the largest.
+  const newest = Math.max(...profiles.map((p) => p.mtimeMs));
+  return profiles.filter((p) => p.mtimeMs > newest - 5_000).sort((a, b) => b.size - a.size)[0].path;
+}
 const prof = JSON.parse(readFileSync(file, 'utf8'));
 const byId = new Map(prof.nodes.map((n) => [n.id, n]));
 const _self = new Map();

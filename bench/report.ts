@@ -81,6 +81,12 @@ export function floors(report: Report): Array<{ measure: string; value: string }
       measure: 'chat with a key spend limit / without (SQLite)',
       value: `${fmt((rps('chatBudget') / rps('chatSqlite')) * 100, 1)}%`,
     },
+    // Every reservation and capture of one account waits for the one before it to commit (its lock): one key
+    // against as many accounts as connections, on PostgreSQL.
+    {
+      measure: 'chat on PostgreSQL, one key / a key per connection',
+      value: `${fmt((rps('chatPostgres') / rps('chatPostgresKeys')) * 100, 1)}%`,
+    },
     // A wallet's sign-in (its signature checked, its nonce recorded) and its slot of five requests in flight
     // instead of the key: the same chat otherwise.
     {

@@ -44,7 +44,9 @@ import {
   chatBody,
   envInt,
   fundedKey,
+  fundedKeys,
   json,
+  keyPerConnectionChatTarget,
   localChatTarget,
   nodeTarget,
   RPC_BODY,
@@ -127,6 +129,9 @@ async function main(): Promise<Report> {
     await fundedKey(`sqlite:${bareFile}`),
     await fundedKey(aheadUrl),
   ];
+  // The PostgreSQL chat again with a key (and an account) per connection: what the one key's account lock
+  // leaves out (every reservation and capture of an account waits for the one before it to commit).
+  const postgresKeys = await fundedKeys(postgresUrl, settings.connections);
   // The wallet-paid chats: a wallet per connection for each kind (a wallet may have at most 5 paid requests in
   // flight; one connection never has more than one), each funded as the keys are, on a server of their own.
   const [evmWallets, solanaWallets] = [
@@ -230,6 +235,12 @@ async function main(): Promise<Report> {
       id: 'chatPostgres',
       label: 'chat, local engine, API key, PostgreSQL (full path)',
       target: localChatTarget(onPostgres.origin, postgresKey),
+      child: onPostgres,
+    },
+    {
+      id: 'chatPostgresKeys',
+      label: 'chat, local engine, a key per connection, PostgreSQL',
+      target: keyPerConnectionChatTarget(onPostgres.origin, postgresKeys),
       child: onPostgres,
     },
     {

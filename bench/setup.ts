@@ -59,14 +59,29 @@ export function catalogOverride(upstreamOrigin: string): string {
  * `limitUsdNano`, the key has that spend limit per UTC day (EPOCH).
  */
 export async function fundedKey(databaseUrl: string, limitUsdNano?: bigint): Promise<string> {
+  return (await fundedKeys(databaseUrl, 1, limitUsdNano))[0] as string;
+}
+
+/** `count` funded accounts, each with an INFERENCE key of its own (as fundedKey makes one). */
+export async function fundedKeys(
+  databaseUrl: string,
+  count: number,
+  limitUsdNano?: bigint,
+): Promise<string[]> {
   const database = await createDatabase(databaseUrl);
   try {
     await migrate(database);
-    const account = await createAccounts(database).createApiAccount({});
-    await createLedger(database).topUp({ accountId: account.id, amountNano: parseUsdToNano('100000000') });
     const limits = limitUsdNano === undefined ? {} : { limitUsdNano, limitPeriod: 'EPOCH' as const };
-    return (await createApiKeys(database).create({ accountId: account.id, keyType: 'INFERENCE', ...limits }))
-      .secret;
+    const keys: string[] = [];
+    for (let i = 0; i < count; i++) {
+      const account = await createAccounts(database).createApiAccount({});
+      await createLedger(database).topUp({ accountId: account.id, amountNano: parseUsdToNano('100000000') });
+      keys.push(
+        (await createApiKeys(database).create({ accountId: account.id, keyType: 'INFERENCE', ...limits }))
+          .secret,
+      );
+    }
+    return keys;
   } finally {
     await database.close();
   }
@@ -128,6 +143,16 @@ export const localChatTarget = (origin: string, key: string): Target => ({
   method: 'POST',
   headers: json(key),
   body: chatBody('llama-3.3-70b', false, 16),
+});
+
+/**
+ * The same chat with a key per connection (`Target.perConnection`): each connection charges an account of its
+ * own, where with one key every request waits for the one account's lock.
+ */
+export const keyPerConnectionChatTarget = (origin: string, keys: readonly string[]): Target => ({
+  ...localChatTarget(origin, ''),
+  headers: json(),
+  perConnection: { header: 'authorization', values: keys.map((key) => `Bearer ${key}`) },
 });
 
 /** A streamed chat through the chat upstream adapter (the catalogue override's model), on the server at `origin`. */

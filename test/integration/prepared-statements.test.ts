@@ -4,11 +4,12 @@
  * SQL-level one (`scriptThenPrepared`). They stay valid when a later migration adds a column to the tables they
  * touch (none of them selects `*`), as in a rolling upgrade where another instance migrates. With
  * `preparedStatements: false` (DATABASE_PREPARED_STATEMENTS) every statement goes as text, which a pooler that
- * loses a session's prepared statements between two calls cannot break.
+ * loses a session's prepared statements between two calls cannot break. The pool keeps its connections, and so
+ * what they prepared, while they are idle.
  */
 import { sql } from 'kysely';
 import { pino } from 'pino';
-import { afterAll, beforeAll, expect, test } from 'vitest';
+import { afterAll, beforeAll, expect, test, vi } from 'vitest';
 import { loadConfig } from '../../server/config.ts';
 import { createServices } from '../../server/services.ts';
 import { createAccounts } from '../../server/storage/accounts.ts';
@@ -214,5 +215,36 @@ test("behavior: DATABASE_PREPARED_STATEMENTS=false reaches the server's database
     } finally {
       await services.close();
     }
+  }
+});
+
+test('behavior: the pool keeps its connections while idle, and what they prepared', async () => {
+  // pg-pool closes a connection left idle for idleTimeoutMillis (10 s unless set) with a timer: faked here.
+  vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
+  const kept = await createDatabase(await postgres.createDatabase('kept'), { poolMax: 2 });
+  try {
+    // Two connections at once, each answering with its backend's pid and its prepared statements' count.
+    const backends = async () => {
+      const answers = await Promise.all(
+        [0, 1].map(() =>
+          sql<{ pid: number; prepared: string }>`select pg_backend_pid() as pid,
+            (select count(*) from pg_prepared_statements) as prepared from pg_sleep(0.05)`.execute(kept.db),
+        ),
+      );
+      return answers.map(({ rows }) => rows[0]).sort((a, b) => (a?.pid ?? 0) - (b?.pid ?? 0));
+    };
+    await sql`prepare kept_probe as select 1`.execute(kept.db);
+    const before = await backends();
+    expect(new Set(before.map((b) => b?.pid)).size).toBe(2);
+    vi.advanceTimersByTime(60 * 60_000);
+    vi.useRealTimers();
+    // Time for a closed connection's end to be seen, were one closed.
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    // The same backends, the statement prepared on one of them still there.
+    expect(await backends()).toEqual(before);
+    expect(before.some((b) => Number(b?.prepared) === 1)).toBe(true);
+  } finally {
+    vi.useRealTimers();
+    await kept.close();
   }
 });

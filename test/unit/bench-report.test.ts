@@ -14,6 +14,24 @@ const report: Report = {
     { id: 'ceiling', label: 'ceiling', rps: 30000, p50Ms: 0, p99Ms: 1, failures: 0, peakRssMb: 70 },
     { id: 'chatSqlite', label: 'chat', rps: 3000, p50Ms: 5, p99Ms: 10, failures: 0, peakRssMb: 240 },
     {
+      id: 'chatPostgres',
+      label: 'chat, PostgreSQL',
+      rps: 400,
+      p50Ms: 38,
+      p99Ms: 70,
+      failures: 0,
+      peakRssMb: 220,
+    },
+    {
+      id: 'chatPostgresKeys',
+      label: 'chat, local engine, a key per connection, PostgreSQL',
+      rps: 800,
+      p50Ms: 19,
+      p99Ms: 45,
+      failures: 0,
+      peakRssMb: 220,
+    },
+    {
       id: 'chatWallet',
       label: 'chat, local engine, wallet (EVM sign-in), SQLite',
       rps: 1200,
@@ -85,4 +103,14 @@ test('behavior: the wallet-paid chats are rows like the others and ratios to the
   const walletless = { ...report, rows: report.rows.filter((r) => !r.id.startsWith('chatWallet')) };
   expect(row('chat, wallet EVM / API key (SQLite)', walletless)).toBe('n/a%');
   expect(row('chat, wallet Solana / API key (SQLite)', walletless)).toBe('n/a%');
+});
+
+test('behavior: the PostgreSQL chat with one key is a ratio to the same with a key per connection', () => {
+  const row = (start: string, of = report) => floors(of).find((f) => f.measure === start)?.value;
+  expect(renderMarkdown(report)).toContain(
+    '| chat, local engine, a key per connection, PostgreSQL | 800 | 2.7% |',
+  );
+  expect(row('chat on PostgreSQL, one key / a key per connection')).toBe('50.0%');
+  const without = { ...report, rows: report.rows.filter((r) => r.id !== 'chatPostgresKeys') };
+  expect(row('chat on PostgreSQL, one key / a key per connection', without)).toBe('n/a%');
 });

@@ -2,7 +2,8 @@
  * The harness's wallet targets (bench/wallets.ts, bench/measure.ts): the synchronous EVM sign-in is the tests'
  * helper's header, byte for byte; a throughput run hands every request a header of its own, each connection
  * from its own signer, from a pool signed before the run, counting what it had to sign during the run; and the
- * pool's size follows the bound it is given.
+ * pool's size follows the bound it is given. Also the header of each connection's own (a key per connection):
+ * the same on every request of a connection, another on each connection.
  */
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -46,10 +47,13 @@ test('behavior: the pool per connection is 30% above the bound, spread over the 
   expect(headersPerConnection(0, 2, 16, 4)).toBe(4);
 });
 
-/** A loopback server that records each request's `x-signed` header with the socket it came on. */
-async function recorder(seen: Array<{ socket: number; value: string }>): Promise<string> {
+/** A loopback server that records each request's `header` (`x-signed`) with the socket it came on. */
+async function recorder(
+  seen: Array<{ socket: number; value: string }>,
+  header = 'x-signed',
+): Promise<string> {
   const server = createServer((req, res) => {
-    seen.push({ socket: req.socket.remotePort ?? 0, value: String(req.headers['x-signed'] ?? '') });
+    seen.push({ socket: req.socket.remotePort ?? 0, value: String(req.headers[header] ?? '') });
     req.resume();
     req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end('{}'));
   });
@@ -98,4 +102,28 @@ test('behavior: a signed target needs a signer per connection', async () => {
     signed: { header: 'x-signed', signers: [() => 'one'] },
   };
   await expect(throughput(target, 1, 2)).rejects.toThrow('1 signers for 2 connections');
+});
+
+test('behavior: a header per connection is the same on every request of a connection and differs between them', async () => {
+  const seen: Array<{ socket: number; value: string }> = [];
+  const url = await recorder(seen, 'authorization');
+  const values = ['Bearer a', 'Bearer b', 'Bearer c', 'Bearer unused'];
+  const target: Target = {
+    url,
+    method: 'POST',
+    body: '{}',
+    headers: { 'content-type': 'application/json' },
+    perConnection: { header: 'authorization', values },
+  };
+  const result = await throughput(target, 1, 3);
+  expect(result.failures).toBe(0);
+  expect(seen.length).toBeGreaterThan(3);
+  const valuesOf = new Map<number, Set<string>>();
+  for (const { socket, value } of seen) valuesOf.set(socket, (valuesOf.get(socket) ?? new Set()).add(value));
+  // Three connections, one value each, the first three values.
+  expect([...valuesOf.values()].map((v) => v.size)).toEqual([1, 1, 1]);
+  expect(new Set([...valuesOf.values()].flatMap((v) => [...v]))).toEqual(new Set(values.slice(0, 3)));
+  await expect(
+    throughput({ ...target, perConnection: { header: 'authorization', values: ['x'] } }, 1, 2),
+  ).rejects.toThrow('1 values of authorization for 2 connections');
 });
