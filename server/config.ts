@@ -7,6 +7,7 @@ import { hostname } from 'node:os';
 import { z } from 'zod';
 import { RPC_NETWORK_SLUGS, upstreamListSchema, upstreamVariable } from './domains/rpc/networks.ts';
 import { IDLE_POLL_US } from './http/idle-poll.ts';
+import { ACCOUNT_CONCURRENCY } from './storage/account-gate.ts';
 import { CHECKPOINT_INTERVAL_MS } from './storage/database.ts';
 
 const bool = z
@@ -28,6 +29,7 @@ const variables = z.object({
     .regex(/^(sqlite:|postgres:\/\/|postgresql:\/\/)/, 'sqlite:<path>, sqlite::memory: or postgres://…')
     .default('sqlite:./data/service.db'),
   DATABASE_PREPARED_STATEMENTS: bool.default(true),
+  DATABASE_ACCOUNT_CONCURRENCY: z.coerce.number().int().min(0).max(1_000).default(ACCOUNT_CONCURRENCY),
   SQLITE_CHECKPOINT_INTERVAL_MS: z.coerce
     .number()
     .int()
@@ -121,6 +123,8 @@ const schema = variables.transform((env) => ({
   databaseUrl: env.DATABASE_URL,
   /** PostgreSQL: hot statements as prepared statements; false behind a pooler that does not keep them. */
   databasePreparedStatements: env.DATABASE_PREPARED_STATEMENTS,
+  /** PostgreSQL: this process's statements that lock one account's row at the database at once; 0: no limit. */
+  databaseAccountConcurrency: env.DATABASE_ACCOUNT_CONCURRENCY,
   /** SQLite: how often the checkpointer thread copies the WAL into the database file. */
   sqliteCheckpointIntervalMs: env.SQLITE_CHECKPOINT_INTERVAL_MS,
   serviceConfigPath: env.SERVICE_CONFIG,

@@ -90,6 +90,7 @@ export async function createServices(
   const catalog = createCatalogService(loadedCatalog, { publicBaseUrl: config.publicOrigin });
   const database = await createDatabase(config.databaseUrl, {
     preparedStatements: config.databasePreparedStatements,
+    accountConcurrency: config.databaseAccountConcurrency,
     checkpointIntervalMs: config.sqliteCheckpointIntervalMs,
     ...options.database,
   });

@@ -30,6 +30,7 @@ import {
 } from 'kysely';
 import pg from 'pg';
 import { extend } from '../objects.ts';
+import { ACCOUNT_CONCURRENCY, type AccountGate, createAccountGate } from './account-gate.ts';
 import { StorageConfigError, StorageError } from './errors.ts';
 import {
   type DirectStatement,
@@ -76,6 +77,12 @@ export type Database = {
   changeStamp?(): string;
   /** SQLite only: a change of this process that `changeStamp` must tell (see there). */
   noteChange?(): void;
+  /**
+   * PostgreSQL, unless CreateDatabaseOptions.accountConcurrency is 0: runs a statement that locks the
+   * account's row (a hold, a capture) once fewer than that many of this process's are at the database
+   * (account-gate.ts).
+   */
+  forAccountRow?: AccountGate;
 };
 
 /**
@@ -115,6 +122,11 @@ export type CreateDatabaseOptions = {
    * the next, and a call would fail.
    */
   preparedStatements?: boolean;
+  /**
+   * PostgreSQL: how many of this process's statements that lock one account's row may be at the database at
+   * once (default ACCOUNT_CONCURRENCY; 0: no limit). See account-gate.ts.
+   */
+  accountConcurrency?: number;
 };
 
 export type ParsedDatabaseUrl =
@@ -282,7 +294,9 @@ function openPostgres(connectionString: string, options: CreateDatabaseOptions):
   const db = new Kysely<Tables>({
     dialect: observed(new PostgresDialect({ pool: lastResults(pool, prepares) }), options.onQuery),
   });
-  return wrap(db, 'postgres', prepares);
+  const database = wrap(db, 'postgres', prepares);
+  const perAccount = options.accountConcurrency ?? ACCOUNT_CONCURRENCY;
+  return perAccount > 0 ? extend(database, { forAccountRow: createAccountGate(perAccount) }) : database;
 }
 
 /**

@@ -505,6 +505,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   /** SQLite's change stamp (Database.changeStamp); none on PostgreSQL. */
   const changeStamp = database.changeStamp;
   const { db, dialect } = database;
+  // PostgreSQL: a statement that locks the account's row waits for its place (Database.forAccountRow).
+  const atAccountRow = <T>(accountId: string, fn: () => Promise<T>): Promise<T> =>
+    database.forAccountRow ? database.forAccountRow(accountId, fn) : fn();
   const { now, randomId } = resolveOptions(options);
 
   /** Reads the account row, locking it for the rest of the transaction (see the module comment). */
@@ -1393,7 +1396,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     const epochDay = epochDayOf(at);
     const apiKeyId = input.apiKeyId ?? null;
     if (dialect === 'postgres' && (!within || within.embedded)) {
-      const reserved = await reserveAtOnce(input, apiKeyId, at, within?.embedded?.writes);
+      const reserved = await atAccountRow(input.accountId, () =>
+        reserveAtOnce(input, apiKeyId, at, within?.embedded?.writes),
+      );
       if (reserved) return extend(reserved, { within: within?.embedded?.result });
     }
     return database.transaction(async (trx) => {
@@ -1859,7 +1864,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
                   await within(trx);
                   return written;
                 })
-              : await captureAtOnce(db, reservation, split, at, within?.embedded);
+              : await atAccountRow(reservation.accountId, () =>
+                  captureAtOnce(db, reservation, split, at, within?.embedded),
+                );
           return captured(split, entries);
         } catch (error) {
           if (!(error instanceof NotAtOnce)) throw error;

@@ -21,6 +21,14 @@ describe('loadConfig', () => {
     expect(loadConfig({ DATABASE_PREPARED_STATEMENTS: 'false' }).databasePreparedStatements).toBe(false);
   });
 
+  test('behavior: DATABASE_ACCOUNT_CONCURRENCY is a whole number from 0 (no limit), 3 by default', () => {
+    expect(loadConfig({}).databaseAccountConcurrency).toBe(3);
+    expect(loadConfig({ DATABASE_ACCOUNT_CONCURRENCY: '0' }).databaseAccountConcurrency).toBe(0);
+    expect(loadConfig({ DATABASE_ACCOUNT_CONCURRENCY: '8' }).databaseAccountConcurrency).toBe(8);
+    for (const bad of ['-1', '2.5', 'many', '1001'])
+      expect(() => loadConfig({ DATABASE_ACCOUNT_CONCURRENCY: bad })).toThrow(/DATABASE_ACCOUNT_CONCURRENCY/);
+  });
+
   test('behavior: SQLITE_CHECKPOINT_INTERVAL_MS is a whole number of milliseconds from 1 to an hour', () => {
     expect(loadConfig({ SQLITE_CHECKPOINT_INTERVAL_MS: '250' }).sqliteCheckpointIntervalMs).toBe(250);
     for (const bad of ['0', '-5', '2.5', 'often', '3600001'])
