@@ -5,22 +5,14 @@
  * waiting on a lock; once the row is free every hold and capture completes, exactly as without the gate.
  */
 import pg from 'pg';
-import { afterAll, beforeAll, expect, test } from 'vitest';
+import { expect, test } from 'vitest';
 import { createAccounts } from '../../server/storage/accounts.ts';
 import { createDatabase } from '../../server/storage/database.ts';
 import { createLedger } from '../../server/storage/ledger.ts';
 import { migrate } from '../../server/storage/migrations.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 
-let postgres: StartedPostgres;
-
-beforeAll(async () => {
-  postgres = await startPostgres();
-}, 120_000);
-
-afterAll(async () => {
-  await postgres?.stop();
-});
+const postgres = postgresPerFile();
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
@@ -68,7 +60,7 @@ test.each([
 ])(
   'behavior: 8 holds, then 8 captures, of one account, %s: %i of each wait at the database',
   async (_, accountConcurrency, expected) => {
-    const url = await postgres.createDatabase(`gate_${expected}`);
+    const url = await postgres().createDatabase(`gate_${expected}`);
     const database = await createDatabase(
       url,
       accountConcurrency === undefined ? {} : { accountConcurrency },

@@ -13,20 +13,12 @@ import { type ChatServer, startChatServer } from '../support/chat-server.ts';
 import { awayFromMinuteEdge } from '../support/clock.ts';
 import { repoRoot } from '../support/contract.ts';
 import { checkSettledInvariants } from '../support/invariants.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 
 const PER_MINUTE = 4;
 const MODEL = 'llama-3.3-70b';
 
-let postgres: StartedPostgres;
-
-beforeAll(async () => {
-  postgres = await startPostgres();
-}, 120_000);
-
-afterAll(async () => {
-  await postgres?.stop();
-});
+const postgres = postgresPerFile();
 
 /** The default catalogue's model with a small per-minute limit for paid accounts. */
 function catalogYaml(): string {
@@ -48,7 +40,7 @@ function catalogYaml(): string {
 
 const engines = [
   { name: 'SQLite', url: async () => undefined },
-  { name: 'PostgreSQL', url: () => postgres.createDatabase('chat_admission') },
+  { name: 'PostgreSQL', url: () => postgres().createDatabase('chat_admission') },
 ];
 
 describe.each(engines)('chat admission on $name', ({ url }) => {
