@@ -89,63 +89,62 @@ export async function throughput(
 }
 
 /**
- * Each connection's signer and pool of headers, and autocannon's `setupClient` that hands them out. autocannon
- * calls `setupClient` once per connection, which replaces that connection's request with one whose
- * `setupRequest` (called for every request it sends) sets the next header of its pool. Not `setupRequest`'s
- * `context`: with a single request it is reset before every request, so it cannot tell connections apart.
+ * Each connection's signer and pool of headers, and autocannon's `setupClient` that hands them out
+ * (`headerPerConnection`): a connection takes the next header of its pool, and signs one when it has run out.
  */
 function signedPools(signed: NonNullable<Target['signed']>, connections: number, presign: number) {
-  if (signed.signers.length < connections) {
-    throw new Error(`${signed.signers.length} signers for ${connections} connections: one per connection`);
-  }
-  const pools = signed.signers.slice(0, connections).map((sign) => ({
-    sign,
-    headers: Array.from({ length: presign }, () => sign()),
-  }));
   let during = 0;
-  let next = 0;
+  const pools = signed.signers.slice(0, connections).map((sign) => {
+    const headers = Array.from({ length: presign }, () => sign());
+    return () => {
+      const value = headers.pop();
+      if (value !== undefined) return value;
+      during++;
+      return sign();
+    };
+  });
   return {
     before: presign * pools.length,
     during: () => during,
-    setupClient(client: Client) {
-      const pool = pools[next++ % pools.length];
-      if (!pool) throw new Error('no signer for this connection');
-      client.setRequests([
-        {
-          setupRequest: (request) => {
-            let value = pool.headers.pop();
-            if (value === undefined) {
-              during++;
-              value = pool.sign();
-            }
-            // A copy of the target's headers made for this request by autocannon: set in place.
-            request.headers[signed.header] = value;
-            return request;
-          },
-        },
-      ]);
-    },
+    setupClient: headerPerConnection(signed.header, pools, signed.signers.length, connections, 'signers'),
   };
 }
 
 /**
  * autocannon's `setupClient` for a header of each connection's own (`Target.perConnection`): connection i sends
- * value i on every request, set in place as `signedPools` does.
+ * value i on every request.
  */
-function valuePerConnection(perConnection: NonNullable<Target['perConnection']>, connections: number) {
-  const { header, values } = perConnection;
-  if (values.length < connections) {
-    throw new Error(
-      `${values.length} values of ${header} for ${connections} connections: one per connection`,
-    );
+function valuePerConnection({ header, values }: NonNullable<Target['perConnection']>, connections: number) {
+  const fixed = values.slice(0, connections).map((value) => () => value);
+  return headerPerConnection(header, fixed, values.length, connections, `values of ${header}`);
+}
+
+/**
+ * autocannon's `setupClient` that gives connection i the header `header` from `sources[i]`, called for every
+ * request it sends (`available` of them for `connections`: one each, or it throws, naming them `what`).
+ * autocannon calls `setupClient` once per connection, which replaces that connection's request with one whose
+ * `setupRequest` sets the header. Not `setupRequest`'s `context`: with a single request it is reset before
+ * every request, so it cannot tell connections apart.
+ */
+function headerPerConnection(
+  header: string,
+  sources: ReadonlyArray<() => string>,
+  available: number,
+  connections: number,
+  what: string,
+) {
+  if (available < connections) {
+    throw new Error(`${available} ${what} for ${connections} connections: one per connection`);
   }
   let next = 0;
   return (client: Client) => {
-    const value = values[next++ % connections] as string;
+    const value = sources[next++ % sources.length];
+    if (!value) throw new Error(`no ${what} for this connection`);
     client.setRequests([
       {
         setupRequest: (request) => {
-          request.headers[header] = value;
+          // A copy of the target's headers made for this request by autocannon: set in place.
+          request.headers[header] = value();
           return request;
         },
       },
