@@ -14,7 +14,8 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { parseUsdToNano } from '../../server/money.ts';
 import { captureAmounts } from '../../server/storage/ledger.ts';
 import { type ChatServer, startChatServer } from '../support/chat-server.ts';
-import { holdAccountLock, type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { holdAccountLock } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 
 /** A JSON-RPC node whose every request waits until the test answers it. */
 type HeldNode = {
@@ -62,20 +63,20 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const within = (promise: Promise<unknown>, ms: number) =>
   Promise.race([promise.then(() => 'settled' as const), sleep(ms).then(() => 'pending' as const)]);
 
-let postgres: StartedPostgres;
+const postgres = postgresPerFile();
 let node: HeldNode;
 
 beforeAll(async () => {
-  [postgres, node] = await Promise.all([startPostgres(), startHeldNode()]);
+  node = await startHeldNode();
 }, 120_000);
 
 afterAll(async () => {
-  await Promise.all([postgres?.stop(), node?.close()]);
+  await node?.close();
 });
 
 const engines = [
   { name: 'SQLite', url: async () => undefined },
-  { name: 'PostgreSQL', url: () => postgres.createDatabase('answer_before_capture') },
+  { name: 'PostgreSQL', url: () => postgres().createDatabase('answer_before_capture') },
 ];
 
 describe.each(engines)('answers and their captures on $name', ({ name, url }) => {

@@ -11,21 +11,16 @@ import { createCharges } from '../../server/domains/billing/charges.ts';
 import { createRateLimiter } from '../../server/domains/limits/rate-limiter.ts';
 import type { Services } from '../../server/services.ts';
 import { ContractValidator, loadBundle } from '../support/contract.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 import { type StartedServer, startServer, TEST_ADMIN_KEY } from '../support/server.ts';
 
 const validator = new ContractValidator(loadBundle());
 
 const ADMIN = TEST_ADMIN_KEY;
-let postgres: StartedPostgres | undefined;
+const postgres = postgresPerFile();
 const scratch = mkdtempSync(join(tmpdir(), 'api-test-'));
 
-beforeAll(async () => {
-  postgres = await startPostgres();
-});
-
-afterAll(async () => {
-  await postgres?.stop();
+afterAll(() => {
   rmSync(scratch, { recursive: true, force: true });
 });
 
@@ -33,8 +28,7 @@ type Engine = 'sqlite' | 'postgres';
 
 async function databaseUrl(engine: Engine, name: string): Promise<string> {
   if (engine === 'sqlite') return `sqlite:${join(scratch, `${name}.db`)}`;
-  if (!postgres) throw new Error('postgres not started');
-  return postgres.createDatabase(name);
+  return postgres().createDatabase(name);
 }
 
 describe.each<[Engine]>([['sqlite'], ['postgres']])('API on %s', (engine) => {

@@ -8,22 +8,22 @@ import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { formatUsdFixed, parseUsdToNano } from '../../server/money.ts';
 import { type StartedAnvil, startAnvil } from '../support/anvil.ts';
 import { type ChatServer, startChatServer } from '../support/chat-server.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 
 let anvil: StartedAnvil;
-let postgres: StartedPostgres;
+const postgres = postgresPerFile();
 
 beforeAll(async () => {
-  [anvil, postgres] = await Promise.all([startAnvil(), startPostgres()]);
+  anvil = await startAnvil();
 }, 120_000);
 
 afterAll(async () => {
-  await Promise.all([anvil?.stop(), postgres?.stop()]);
+  await anvil?.stop();
 });
 
 const engines = [
   { name: 'SQLite', url: async () => undefined },
-  { name: 'PostgreSQL', url: () => postgres.createDatabase('balance_headers') },
+  { name: 'PostgreSQL', url: () => postgres().createDatabase('balance_headers') },
 ];
 
 describe.each(engines)('balance headers on $name', ({ url }) => {

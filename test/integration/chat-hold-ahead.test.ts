@@ -24,7 +24,7 @@ import { migrate } from '../../server/storage/migrations.ts';
 import { type ChatServer, startChatServer } from '../support/chat-server.ts';
 import { repoRoot } from '../support/contract.ts';
 import { checkInvariants } from '../support/invariants.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 
 const USD = 1_000_000_000n;
 
@@ -112,20 +112,18 @@ function catalog(base: string): string {
 
 let upstream: Server;
 let upstreamBase = '';
-let postgres: StartedPostgres | undefined;
+const postgres = postgresPerFile();
 
 beforeAll(async () => {
   upstream = createServer(route).listen(0, '127.0.0.1');
   await new Promise<void>((resolve) => upstream.once('listening', () => resolve()));
   upstreamBase = `http://127.0.0.1:${(upstream.address() as AddressInfo).port}`;
-  postgres = await startPostgres();
 }, 120_000);
 
 afterAll(async () => {
   for (const timer of timers) clearTimeout(timer);
   upstream?.closeAllConnections();
   await new Promise<void>((resolve) => (upstream ? upstream.close(() => resolve()) : resolve()));
-  await postgres?.stop();
 });
 
 const USER = [{ role: 'user' as const, content: 'Tell me about rivers and mountains.' }];
@@ -202,7 +200,7 @@ const engines: Array<[string, () => Promise<string | undefined>]> = [
   ['SQLite', async () => undefined],
   [
     'PostgreSQL',
-    async () => postgres?.createDatabase(`ahead_${Date.now()}_${Math.random().toString(36).slice(2, 8)}`),
+    async () => postgres().createDatabase(`ahead_${Date.now()}_${Math.random().toString(36).slice(2, 8)}`),
   ],
 ];
 

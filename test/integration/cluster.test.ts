@@ -4,22 +4,18 @@
  * worker serves (told apart by the pid on each request's log line, matched by CF-RAY), a worker killed with
  * SIGKILL is replaced while the others keep answering, and SIGTERM drains all of them.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, describe, expect, test } from 'vitest';
 import { createApiKeys } from '../../server/storage/api-keys.ts';
 import { createDatabase } from '../../server/storage/database.ts';
 import { checkInvariants } from '../support/invariants.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 import { isAlive, waitForExit } from '../support/process.ts';
 import { type ServerProcess, startServerProcess, stopServerProcesses } from '../support/server-process.ts';
 
-let postgres: StartedPostgres;
+const postgres = postgresPerFile();
 
-beforeAll(async () => {
-  postgres = await startPostgres();
-});
 afterAll(async () => {
   await stopServerProcesses();
-  await postgres?.stop();
 });
 
 /** Which worker answered each request: the pid of the log line carrying the response's CF-RAY. */
@@ -52,7 +48,7 @@ describe('WORKERS=3: one port, three worker processes, one database', () => {
   test('behavior: the primary bootstraps once; all three workers answer; a killed worker is replaced; SIGTERM drains all', {
     timeout: 240_000,
   }, async () => {
-    const url = await postgres.createDatabase('cluster');
+    const url = await postgres().createDatabase('cluster');
     const server = await startServerProcess(
       { DATABASE_URL: url, WORKERS: '3', BOOTSTRAP_BALANCE_USD: '5' },
       { listening: 3 },

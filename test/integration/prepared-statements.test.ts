@@ -17,21 +17,19 @@ import { createDatabase, type Database } from '../../server/storage/database.ts'
 import { scriptThenPrepared } from '../../server/storage/internal.ts';
 import { createLedger } from '../../server/storage/ledger.ts';
 import { migrate } from '../../server/storage/migrations.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 
-let postgres: StartedPostgres;
+const postgres = postgresPerFile();
 let database: Database;
 
 beforeAll(async () => {
-  postgres = await startPostgres();
   // One connection: the prepared statements listed are those of the connection that ran the ledger's.
-  database = await createDatabase(await postgres.createDatabase('prepared'), { poolMax: 1 });
+  database = await createDatabase(await postgres().createDatabase('prepared'), { poolMax: 1 });
   await migrate(database);
 }, 120_000);
 
 afterAll(async () => {
   await database?.close();
-  await postgres?.stop();
 });
 
 async function preparedOnTheConnection() {
@@ -106,7 +104,7 @@ async function watchedDatabase(
   options: { preparedStatements?: boolean } = {},
 ) {
   const sent: string[] = [];
-  const watched = await createDatabase(await postgres.createDatabase(name), {
+  const watched = await createDatabase(await postgres().createDatabase(name), {
     poolMax: 1,
     onQuery: (text) => sent.push(text),
     ...options,
@@ -196,7 +194,7 @@ test('fault: behind a pooler that loses prepared statements between calls, the d
 });
 
 test("behavior: DATABASE_PREPARED_STATEMENTS=false reaches the server's database (prepared by default)", async () => {
-  const url = await postgres.createDatabase('configured');
+  const url = await postgres().createDatabase('configured');
   for (const [value, prepares] of [
     [undefined, true],
     ['false', false],
@@ -221,7 +219,7 @@ test("behavior: DATABASE_PREPARED_STATEMENTS=false reaches the server's database
 test('behavior: the pool keeps its connections while idle, and what they prepared', async () => {
   // pg-pool closes a connection left idle for idleTimeoutMillis (10 s unless set) with a timer: faked here.
   vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
-  const kept = await createDatabase(await postgres.createDatabase('kept'), { poolMax: 2 });
+  const kept = await createDatabase(await postgres().createDatabase('kept'), { poolMax: 2 });
   try {
     // Two connections at once, each answering with its backend's pid and its prepared statements' count.
     const backends = async () => {

@@ -18,20 +18,20 @@ import { loadConfig } from '../../server/config.ts';
 import { parseUsdToNano } from '../../server/money.ts';
 import { createServices, type Services } from '../../server/services.ts';
 import { type StartedAnvil, startAnvil } from '../support/anvil.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 const ORIGIN = 'https://api.example.test';
 let anvil: StartedAnvil;
-let postgres: StartedPostgres;
+const postgres = postgresPerFile();
 const scratch = mkdtempSync(join(tmpdir(), 'round-trips-'));
 
 beforeAll(async () => {
-  [anvil, postgres] = await Promise.all([startAnvil(), startPostgres()]);
+  anvil = await startAnvil();
 }, 120_000);
 
 afterAll(async () => {
-  await Promise.all([anvil?.stop(), postgres?.stop()]);
+  await anvil?.stop();
   rmSync(scratch, { recursive: true, force: true });
 });
 
@@ -146,7 +146,7 @@ const engines = [
   },
   {
     name: 'PostgreSQL',
-    url: () => postgres.createDatabase('round_trips'),
+    url: () => postgres().createDatabase('round_trips'),
     chat: { total: 3, commits: 0, reserve: [], capture: [], alone: 2, limitedReserve: [], limitedTotal: 3 },
     rpc: { total: 2, commits: 0, reserve: [], capture: [], alone: 2 },
     // The same, the slot taken in one round trip (the script of the lock and one statement).

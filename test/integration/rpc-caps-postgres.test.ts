@@ -11,12 +11,12 @@ import { bootstrap } from '../../server/bootstrap.ts';
 import { loadConfig } from '../../server/config.ts';
 import { createServices, type Services } from '../../server/services.ts';
 import { withCoverage } from '../support/coverage.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 import { type RpcStandIn, startRpcStandIn } from '../support/rpc-upstream.ts';
 
 const ADMIN = 'svc_admin_bootstrap_secret_for_rpc_pg_tests_0123';
 
-let postgres: StartedPostgres;
+const postgres = postgresPerFile();
 let solana: RpcStandIn;
 const instances: Array<{ services: Services; base: string; close(): Promise<void> }> = [];
 
@@ -47,12 +47,12 @@ async function startInstance(databaseUrl: string, env: Record<string, string>) {
 }
 
 beforeAll(async () => {
-  [postgres, solana] = await Promise.all([startPostgres(), startRpcStandIn('solana')]);
+  solana = await startRpcStandIn('solana');
 });
 
 afterAll(async () => {
   for (const instance of instances) await instance.close();
-  await Promise.all([postgres?.stop(), solana?.close()]);
+  await solana?.close();
 });
 
 const burst = (bases: string[], count: number) =>
@@ -68,7 +68,7 @@ const burst = (bases: string[], count: number) =>
 
 describe('RPC caps on PostgreSQL shared by two instances', () => {
   test('behavior: the rolling 24-hour credit cap admits exactly what fits', async () => {
-    const url = await postgres.createDatabase('rpc_credit_cap');
+    const url = await postgres().createDatabase('rpc_credit_cap');
     // 10 calls of 30 credits fit in 300; the per-minute cap is out of the way.
     const env = { RPC_CREDITS_PER_DAY: '300', RPC_REQUESTS_PER_MINUTE: '1000' };
     const a = await startInstance(url, env);
@@ -81,7 +81,7 @@ describe('RPC caps on PostgreSQL shared by two instances', () => {
   });
 
   test('behavior: the per-minute request cap admits exactly the limit', async () => {
-    const url = await postgres.createDatabase('rpc_minute_cap');
+    const url = await postgres().createDatabase('rpc_minute_cap');
     const env = { RPC_REQUESTS_PER_MINUTE: '7' };
     const intoMinute = Date.now() % 60_000;
     if (intoMinute > 50_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 100));

@@ -23,7 +23,7 @@ import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/an
 import { awayFromMinuteEdge } from '../support/clock.ts';
 import { repoRoot } from '../support/contract.ts';
 import { checkSettledInvariants } from '../support/invariants.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 import { type RpcStandIn, startRpcStandIn } from '../support/rpc-upstream.ts';
 import { type ServerProcess, startServerProcess, stopServerProcesses } from '../support/server-process.ts';
 import { installTestUsdc, mintUsdc, usdcBalance } from '../support/x402/contracts.ts';
@@ -42,7 +42,7 @@ const RPC_PRICE_PER_CREDIT = '0.001';
 const PAY_TO = privateKeyToAccount(generatePrivateKey()).address;
 
 const scratch = mkdtempSync(join(tmpdir(), 'scale-out-'));
-let postgres: StartedPostgres;
+const postgres = postgresPerFile();
 let solana: RpcStandIn;
 let anvil: StartedAnvil;
 let url = '';
@@ -62,13 +62,9 @@ async function newAccount(usd: string, name: string) {
 }
 
 beforeAll(async () => {
-  [postgres, solana, anvil] = await Promise.all([
-    startPostgres(),
-    startRpcStandIn('solana'),
-    startAnvil({ chainId: 8453 }),
-  ]);
+  [solana, anvil] = await Promise.all([startRpcStandIn('solana'), startAnvil({ chainId: 8453 })]);
   await installTestUsdc(anvil.rpc);
-  url = await postgres.createDatabase('scale_out');
+  url = await postgres().createDatabase('scale_out');
   database = await createDatabase(url);
   await migrate(database);
   spender = await newAccount('0.30', 'spender');
@@ -116,7 +112,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await stopServerProcesses();
   await database?.close();
-  await Promise.all([postgres?.stop(), solana?.close(), anvil?.stop()]);
+  await Promise.all([solana?.close(), anvil?.stop()]);
   rmSync(scratch, { recursive: true, force: true });
 }, 120_000);
 

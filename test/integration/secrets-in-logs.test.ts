@@ -20,7 +20,7 @@ import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { parse, stringify } from 'yaml';
 import { repoRoot } from '../support/contract.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 import { freePort } from '../support/process.ts';
 import { sendBytes } from '../support/raw-http.ts';
 import { startServerProcess, stopServerProcesses } from '../support/server-process.ts';
@@ -112,19 +112,17 @@ function route(req: IncomingMessage, res: ServerResponse) {
 const start = (env: Record<string, string>, options: { listening?: number } = {}) =>
   startServerProcess({ NODE_ENV: 'development', LOG_LEVEL: 'trace', ...env }, options);
 
-let postgres: StartedPostgres;
+const postgres = postgresPerFile();
 
 beforeAll(async () => {
   fake = createServer(route).listen(0, '127.0.0.1');
   await new Promise<void>((resolve) => fake.once('listening', () => resolve()));
   fakeBase = `http://127.0.0.1:${(fake.address() as AddressInfo).port}`;
-  postgres = await startPostgres();
-  secrets.databasePassword = decodeURIComponent(new URL(postgres.url).password);
+  secrets.databasePassword = decodeURIComponent(new URL(postgres().url).password);
 }, 120_000);
 
 afterAll(async () => {
   await stopServerProcesses();
-  await postgres?.stop();
   fake?.closeAllConnections();
   await new Promise<void>((resolve) => (fake ? fake.close(() => resolve()) : resolve()));
   rmSync(scratch, { recursive: true, force: true });
@@ -172,7 +170,7 @@ describe('secrets never appear in logs', () => {
   }, async () => {
     const wallet = privateKeyToAccount(generatePrivateKey());
     const payer = privateKeyToAccount(generatePrivateKey());
-    const databaseUrl = await postgres.createDatabase('secrets');
+    const databaseUrl = await postgres().createDatabase('secrets');
     const server = await start({
       DATABASE_URL: databaseUrl,
       ADMIN_API_KEY: secrets.adminKey as string,

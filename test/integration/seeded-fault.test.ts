@@ -6,7 +6,7 @@
  * processes) then overspends, and the checker reports it.
  */
 import { randomUUID } from 'node:crypto';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, describe, expect, test } from 'vitest';
 import { createCharges } from '../../server/domains/billing/charges.ts';
 import type { Principal } from '../../server/http/auth.ts';
 import { ApiError } from '../../server/http/errors.ts';
@@ -16,21 +16,17 @@ import { InsufficientBalanceError } from '../../server/storage/errors.ts';
 import { createLedger, type LedgerRepository } from '../../server/storage/ledger.ts';
 import { migrate } from '../../server/storage/migrations.ts';
 import { checkInvariants } from '../support/invariants.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 
 const NANO = 1_000_000_000n;
 const PARTIES = 20;
 const PRICE = NANO / 10n; // 0.10 USD per request; the account holds 1.00 USD: 10 requests fit.
 
-let postgres: StartedPostgres;
+const postgres = postgresPerFile();
 const opened: Database[] = [];
 
-beforeAll(async () => {
-  postgres = await startPostgres();
-});
 afterAll(async () => {
   for (const database of opened) await database.close();
-  await postgres?.stop();
 });
 
 /** Waits until `parties` callers arrived (or a safety timeout passed, so a refused caller cannot wedge it). */
@@ -147,7 +143,7 @@ function nonAtomicLedger(database: Database, real: LedgerRepository): LedgerRepo
 
 /** PARTIES concurrent requests of PRICE each against one account holding 1.00 USD. */
 async function spendConcurrently(name: string, seeded: boolean) {
-  const database = await createDatabase(await postgres.createDatabase(name), { poolMax: PARTIES + 2 });
+  const database = await createDatabase(await postgres().createDatabase(name), { poolMax: PARTIES + 2 });
   opened.push(database);
   await migrate(database);
   const real = createLedger(database);

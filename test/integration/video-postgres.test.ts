@@ -3,29 +3,24 @@
  * claim itself under contention (many concurrent claims from two connection pools), then two whole instances,
  * each running its worker on the shared queue, with jobs queued through either of them.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, describe, expect, test } from 'vitest';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
 import { createVideoJobs } from '../../server/storage/video-jobs.ts';
 import { type ChatServer, startChatServer } from '../support/chat-server.ts';
-import { type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { postgresPerFile } from '../support/postgres-per-file.ts';
 
-let postgres: StartedPostgres;
+const postgres = postgresPerFile();
 const servers: ChatServer[] = [];
 const databases: Database[] = [];
-
-beforeAll(async () => {
-  postgres = await startPostgres();
-});
 
 afterAll(async () => {
   for (const database of databases) await database.close();
   for (const server of servers) await server.close();
-  await postgres?.stop();
 });
 
 describe('video job claims on PostgreSQL', () => {
   test('behavior: 60 concurrent claims from two pools on 20 queued jobs -> each job claimed exactly once', async () => {
-    const url = await postgres.createDatabase('video_claims');
+    const url = await postgres().createDatabase('video_claims');
     // The first instance creates the schema; the two extra pools act as two more instances' workers.
     const owner = await startChatServer({ databaseUrl: url });
     servers.push(owner);
@@ -62,7 +57,7 @@ describe('video job claims on PostgreSQL', () => {
   });
 
   test('behavior: two instances run their workers on one queue; every job is rendered once and completes', async () => {
-    const url = await postgres.createDatabase('video_instances');
+    const url = await postgres().createDatabase('video_instances');
     const first = await startChatServer({ databaseUrl: url });
     const second = await startChatServer({ databaseUrl: url });
     servers.push(first, second);
