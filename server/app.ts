@@ -50,8 +50,9 @@ export type AppDeps = {
   /** Routes outside the contract and its base path (pre-signed media links), mounted before authentication. */
   mountRoutes?(app: express.Express): void;
   /**
-   * Takes one of the caller's in-flight slots before admission (wallets: at most 5 paid requests at once);
-   * returns the release, called when the response is over, or throws the ApiError to answer with (429).
+   * Takes one of the caller's in-flight slots before admission (wallets: at most 5 paid requests at once, and
+   * the wallet's admission minimum checked with the slot); returns the release, called when the response is
+   * over, or throws the ApiError to answer with (429, or the wallet 402 with the slot already freed).
    */
   acquireSlot?(input: { operationId: OperationId; principal: Principal }): Promise<(() => void) | undefined>;
   /**

@@ -337,7 +337,6 @@ export async function createServices(
       return wallet.replyHeaders(input);
     },
     async admit({ operationId, principal, body }) {
-      await wallet.admitWallet(operationId, principal);
       const requested = (body as { model?: unknown } | undefined)?.model;
       const model = typeof requested === 'string' ? requested : undefined;
       // The JSON-RPC proxy has its own per-minute and credit caps.

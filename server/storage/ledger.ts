@@ -366,6 +366,58 @@ function undoneByConstraint(error: unknown): boolean {
 /** What PostgreSQL's one-statement hold answers (reserveAtOnce). */
 type HeldRow = { usd_balance_nano: bigint; usd_available_nano: bigint };
 
+/**
+ * An account's balance from its row and its DIEM counters of the day (`diem_usage`: absent when the account
+ * used none that day).
+ */
+export function balanceOf(
+  account: { usd_balance_nano: bigint; usd_reserved_nano: bigint; diem_stake_nano: bigint },
+  usage: { usedNano: bigint; reservedNano: bigint },
+): Balance {
+  return {
+    usdNano: account.usd_balance_nano,
+    usdReservedNano: account.usd_reserved_nano,
+    diemAllowanceNano: account.diem_stake_nano,
+    diemUsedTodayNano: usage.usedNano,
+    diemReservedTodayNano: usage.reservedNano,
+    diemAvailableNano: maxBig(0n, account.diem_stake_nano - usage.usedNano - usage.reservedNano),
+    usdAvailableNano: maxBig(0n, account.usd_balance_nano - account.usd_reserved_nano),
+  };
+}
+
+/**
+ * The statement of an account's balance (`balanceOfRow`): its row and its DIEM counters of `epochDay`, for
+ * `compiledOnce`.
+ */
+export const balanceQuery = (db: Kysely<Tables>) => (epochDay: number, accountId: string) =>
+  db
+    .selectFrom('accounts')
+    .leftJoin('diem_usage', (join) =>
+      join.onRef('diem_usage.account_id', '=', 'accounts.id').on('diem_usage.epoch_day', '=', epochDay),
+    )
+    .select([
+      'accounts.usd_balance_nano',
+      'accounts.usd_reserved_nano',
+      'accounts.diem_stake_nano',
+      'diem_usage.used_nano',
+      'diem_usage.reserved_nano',
+    ])
+    .where('accounts.id', '=', accountId);
+
+/** What `balanceQuery` reads: the account's row and its DIEM counters of the day (null: none used). */
+export type BalanceRow = {
+  usd_balance_nano: bigint;
+  usd_reserved_nano: bigint;
+  diem_stake_nano: bigint;
+  used_nano: bigint | null;
+  reserved_nano: bigint | null;
+};
+
+/** An account's balance from what `balanceQuery` read. */
+export function balanceOfRow(row: BalanceRow): Balance {
+  return balanceOf(row, { usedNano: row.used_nano ?? 0n, reservedNano: row.reserved_nano ?? 0n });
+}
+
 /** The part of a balance the `x-service-balance-*` headers report (BalanceBefore). */
 export function balanceBefore(balance: Balance): BalanceBefore {
   return { usdNano: balance.usdNano, diemNano: balance.diemAllowanceNano - balance.diemUsedTodayNano };
@@ -648,21 +700,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   );
   const settleAccount = compiledOnce(settleUsd);
 
-  const selectBalance = compiledOnce((epochDay: number, accountId: string) =>
-    db
-      .selectFrom('accounts')
-      .leftJoin('diem_usage', (join) =>
-        join.onRef('diem_usage.account_id', '=', 'accounts.id').on('diem_usage.epoch_day', '=', epochDay),
-      )
-      .select([
-        'accounts.usd_balance_nano',
-        'accounts.usd_reserved_nano',
-        'accounts.diem_stake_nano',
-        'diem_usage.used_nano',
-        'diem_usage.reserved_nano',
-      ])
-      .where('accounts.id', '=', accountId),
-  );
+  const selectBalance = compiledOnce(balanceQuery(db));
 
   async function diemUsage(q: Executor, accountId: string, epochDay: number) {
     const row = await q
@@ -699,21 +737,6 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
         })),
       )
       .execute();
-  }
-
-  function balanceOf(
-    account: { usd_balance_nano: bigint; usd_reserved_nano: bigint; diem_stake_nano: bigint },
-    usage: { usedNano: bigint; reservedNano: bigint },
-  ): Balance {
-    return {
-      usdNano: account.usd_balance_nano,
-      usdReservedNano: account.usd_reserved_nano,
-      diemAllowanceNano: account.diem_stake_nano,
-      diemUsedTodayNano: usage.usedNano,
-      diemReservedTodayNano: usage.reservedNano,
-      diemAvailableNano: maxBig(0n, account.diem_stake_nano - usage.usedNano - usage.reservedNano),
-      usdAvailableNano: maxBig(0n, account.usd_balance_nano - account.usd_reserved_nano),
-    };
   }
 
   /**
@@ -1488,7 +1511,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       // One statement: the account and its DIEM counters of the day.
       const [row] = await selectBalance(db, epochDayOf(at), accountId);
       if (!row) throw new NotFoundError('account', accountId);
-      return balanceOf(row, { usedNano: row.used_nano ?? 0n, reservedNano: row.reserved_nano ?? 0n });
+      return balanceOfRow(row);
     },
 
     /**

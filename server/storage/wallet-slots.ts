@@ -13,6 +13,10 @@
  * its lease ends. A request's reservation, committed synchronously after its slot, flushes the slot's record
  * with its own. This saves a request four round trips and a WAL flush before its work, and the release
  * one flush after it.
+ *
+ * `take` also reads the account's balance under the same lock (PostgreSQL: in the same statement; SQLite: the
+ * statement that takes the write lock), for the wallet's admission minimum, which so costs no round trip of
+ * its own.
  */
 import { sql } from 'kysely';
 import type { Database } from './database.ts';
@@ -20,17 +24,25 @@ import { NotFoundError } from './errors.ts';
 import { EAGER } from './group-commit.ts';
 import {
   compiledOnce,
+  epochDayOf,
   type RepositoryOptions,
   resolveOptions,
   scriptThenPrepared,
   toNumber,
   withLiterals,
 } from './internal.ts';
+import { type Balance, type BalanceRow, balanceOfRow, balanceQuery } from './ledger.ts';
 
 /** `set_config(…, true)`: `synchronous_commit` off for the rest of the statement's transaction (PostgreSQL). */
 const UNFLUSHED = sql<string>`set_config('synchronous_commit', 'off', true)`;
 
 export type WalletSlotsRepository = ReturnType<typeof createWalletSlots>;
+
+/** What `take` asks for: a slot of `accountId` unless `max` are live, held for `leaseMs`. */
+export type TakeSlotInput = { accountId: string; max: number; leaseMs: number };
+
+/** A slot taken (`id`; `undefined` when `max` were already live) and the account's balance read with it. */
+export type TakenSlot = { id: string | undefined; balance: Balance };
 
 export function createWalletSlots(database: Database, options: RepositoryOptions = {}) {
   const { db, dialect } = database;
@@ -41,51 +53,65 @@ export function createWalletSlots(database: Database, options: RepositoryOptions
     return dialect === 'postgres' ? freed.returning(UNFLUSHED.as('unflushed')) : freed;
   });
 
-  /** PostgreSQL: `acquire` in one round trip, committed without waiting for the flush (see the top). */
-  async function acquireAtOnce(
-    input: { accountId: string; max: number; leaseMs: number },
-    at: number,
-  ): Promise<string | undefined> {
+  const selectBalance = compiledOnce(balanceQuery(db));
+
+  /** PostgreSQL: `take` in one round trip, committed without waiting for the flush (see the top). */
+  async function takeAtOnce(input: TakeSlotInput, at: number): Promise<TakenSlot> {
     const id = randomId();
     const account = input.accountId;
     const lock = sql`select 1 from accounts where id = ${account} for update`;
-    const take = sql<{ found: boolean; id: string | null; unflushed: string }>`with live as (
+    const take = sql<BalanceRow & { found: boolean; id: string | null; unflushed: string }>`with live as (
         select count(*) as n from wallet_request_slots
         where account_id = ${account} and expires_at_ms > cast(${at} as bigint)),
       taken as (insert into wallet_request_slots (id, account_id, expires_at_ms)
         select ${id}, ${account}, cast(${at + input.leaseMs} as bigint) from live
         where live.n < cast(${input.max} as bigint) and exists (select 1 from accounts where id = ${account})
         returning id)
-      select exists (select 1 from accounts where id = ${account}) as found, (select id from taken) as id,
-        ${UNFLUSHED} as unflushed`;
+      select a.id is not null as found, (select id from taken) as id, a.usd_balance_nano, a.usd_reserved_nano,
+        a.diem_stake_nano, d.used_nano, d.reserved_nano, ${UNFLUSHED} as unflushed
+      from (select 1) as one
+        left join accounts a on a.id = ${account}
+        left join diem_usage d on d.account_id = ${account} and d.epoch_day = cast(${epochDayOf(at)} as integer)`;
     const [row] = await scriptThenPrepared(database, withLiterals(lock.compile(db)), take.compile(db));
     if (!row?.found) throw new NotFoundError('account', input.accountId);
-    return row.id ?? undefined;
+    return { id: row.id ?? undefined, balance: balanceOfRow(row) };
+  }
+
+  /**
+   * Takes a slot unless `max` are live, and reads the account's balance under the same lock: the balance as
+   * the slot's transaction found it, whether or not a slot was taken.
+   */
+  async function take(input: TakeSlotInput): Promise<TakenSlot> {
+    const at = now();
+    if (dialect === 'postgres') return takeAtOnce(input, at);
+    // Eager (group-commit.ts): the request waits on its slot before its work.
+    return database.transaction(async (trx) => {
+      // The first statement of the transaction: SQLite's write lock is already held (BEGIN IMMEDIATE).
+      const [row] = await selectBalance(trx, epochDayOf(at), input.accountId);
+      if (!row) throw new NotFoundError('account', input.accountId);
+      const balance = balanceOfRow(row);
+      const { n } = await trx
+        .selectFrom('wallet_request_slots')
+        .select((eb) => eb.fn.countAll<number | bigint>().as('n'))
+        .where('account_id', '=', input.accountId)
+        .where('expires_at_ms', '>', at)
+        .executeTakeFirstOrThrow();
+      if (toNumber(n) >= input.max) return { id: undefined, balance };
+      const id = randomId();
+      await trx
+        .insertInto('wallet_request_slots')
+        .values({ id, account_id: input.accountId, expires_at_ms: at + input.leaseMs })
+        .execute();
+      return { id, balance };
+    }, EAGER);
   }
 
   return {
-    /** Takes a slot; returns its id, or `undefined` when `max` slots are already live. */
-    async acquire(input: { accountId: string; max: number; leaseMs: number }): Promise<string | undefined> {
-      const at = now();
-      if (dialect === 'postgres') return acquireAtOnce(input, at);
-      // Eager (group-commit.ts): the request waits on its slot before its work.
-      return database.transaction(async (trx) => {
-        const lock = trx.selectFrom('accounts').select('id').where('id', '=', input.accountId);
-        if (!(await lock.executeTakeFirst())) throw new NotFoundError('account', input.accountId);
-        const { n } = await trx
-          .selectFrom('wallet_request_slots')
-          .select((eb) => eb.fn.countAll<number | bigint>().as('n'))
-          .where('account_id', '=', input.accountId)
-          .where('expires_at_ms', '>', at)
-          .executeTakeFirstOrThrow();
-        if (toNumber(n) >= input.max) return undefined;
-        const id = randomId();
-        await trx
-          .insertInto('wallet_request_slots')
-          .values({ id, account_id: input.accountId, expires_at_ms: at + input.leaseMs })
-          .execute();
-        return id;
-      }, EAGER);
+    take,
+
+    /** `take`'s slot alone: its id, or `undefined` when `max` slots are already live. */
+    async acquire(input: TakeSlotInput): Promise<string | undefined> {
+      return (await take(input)).id;
     },
 
     /**

@@ -193,6 +193,22 @@ describe('wallet-paid inference', () => {
     expect(handlerCalls).toBe(calls);
   });
 
+  test('behavior: the admission 402 frees the slot it was checked with: requests in a row are never 429', async () => {
+    const { account, wallet } = await walletWithCredit(99_999_999n);
+    const statuses: number[] = [];
+    for (let i = 0; i < 7; i++) statuses.push((await chat(account)).status);
+    expect(statuses).toEqual([402, 402, 402, 402, 402, 402, 402]);
+    const slots = await services.database.db
+      .selectFrom('wallet_request_slots')
+      .select('id')
+      .where('account_id', '=', wallet.id)
+      .execute();
+    expect(slots).toEqual([]);
+    // One nano more than the minimum's shortfall, and the wallet is admitted.
+    await services.ledger.topUp({ accountId: wallet.id, amountNano: 1n });
+    expect((await chat(account)).status).toBe(200);
+  });
+
   test('behavior: at most 5 requests of one wallet in flight; the 6th -> 429, and slots come back', async () => {
     const { account } = await walletWithCredit(1_000_000_000n);
     const other = await walletWithCredit(1_000_000_000n);

@@ -2,7 +2,8 @@
  * Wallet request slots (server/storage/wallet-slots.ts) on SQLite and on a real PostgreSQL: at most `max` live
  * slots per account however many requests ask at once (on PostgreSQL also when they all queue behind another
  * process's lock of the account and are let go together), freed slots and expired ones do not count, an
- * unknown account is refused; on PostgreSQL a slot is taken in one round trip, and taking and freeing one
+ * unknown account is refused, the account's balance (DIEM of the day included) is read with the slot for the
+ * wallet's admission minimum; on PostgreSQL a slot is taken in one round trip, and taking and freeing one
  * commit without waiting for the WAL flush.
  */
 import { randomBytes } from 'node:crypto';
@@ -11,7 +12,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CompiledQuery, sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { createAccounts, createDatabase, type Database, migrate } from '../../server/storage/index.ts';
+import {
+  createAccounts,
+  createDatabase,
+  createLedger,
+  type Database,
+  migrate,
+} from '../../server/storage/index.ts';
 import { createWalletSlots } from '../../server/storage/wallet-slots.ts';
 import { holdAccountLock, type StartedPostgres, startPostgres } from '../support/postgres.ts';
 
@@ -73,6 +80,34 @@ describe.each(engines)('wallet request slots on %s', (engine, url) => {
     // Past their lease, slots of a crashed process no longer count.
     clock += 60_000;
     expect(await slots().acquire({ accountId, max: 5, leaseMs: 60_000 })).toEqual(expect.any(String));
+    clock = T0;
+  });
+
+  test('behavior: take reads the account’s balance with the slot (DIEM of the day included), also when none is free', async () => {
+    const accountId = await newWallet();
+    const ledger = createLedger(database, { now: () => clock });
+    await ledger.topUp({ accountId, amountNano: 3_000_000_000n });
+    await createAccounts(database).setDiemStake(accountId, 500_000_000n);
+    // 0.5 of the hold from today's DIEM allowance, 0.2 from USD credit.
+    await ledger.reserve({ accountId, amountNano: 700_000_000n, requestId: 'req-take', ttlMs: 60_000 });
+    const expected = await ledger.getBalance(accountId, clock);
+    expect(expected).toMatchObject({
+      usdReservedNano: 200_000_000n,
+      diemReservedTodayNano: 500_000_000n,
+      usdAvailableNano: 2_800_000_000n,
+      diemAvailableNano: 0n,
+    });
+    const taken = await slots().take({ accountId, max: 1, leaseMs: 60_000 });
+    expect(taken).toEqual({ id: expect.any(String), balance: expected });
+    expect(await slots().take({ accountId, max: 1, leaseMs: 60_000 })).toEqual({
+      id: undefined,
+      balance: expected,
+    });
+    // The next UTC day has its own DIEM allowance; the day's counters are read for the slot's own time.
+    clock += 24 * 60 * 60 * 1000;
+    const nextDay = await slots().take({ accountId, max: 1, leaseMs: 60_000 });
+    expect(nextDay.balance).toEqual(await ledger.getBalance(accountId, clock));
+    expect(nextDay.balance.diemAvailableNano).toBe(500_000_000n);
     clock = T0;
   });
 

@@ -213,21 +213,18 @@ export function createWalletDomain(deps: WalletDomainDeps) {
       });
     },
 
-    /** A wallet with less than the admission minimum gets the wallet 402 before any work. */
-    async admitWallet(operationId: OperationId, principal: Principal): Promise<void> {
-      if (!isPaid(operationId, principal)) return;
-      const balance = await ledger.getBalance(principal.accountId);
-      const available = balance.usdAvailableNano + balance.diemAvailableNano;
-      if (available < MINIMUM_BALANCE_NANO) throw paymentRequired({ currentBalanceNano: available });
-    },
-
-    /** At most WALLET_MAX_IN_FLIGHT paid requests per wallet across every process; 429 beyond. */
+    /**
+     * A paid request of a wallet takes one of its WALLET_MAX_IN_FLIGHT slots, across every process (429 when
+     * none is free), and is admitted only if the wallet holds the admission minimum (the wallet 402 before any
+     * work, its slot freed first). One round trip: the balance is read with the slot, under the same lock.
+     * Returns what frees the slot once the request is done.
+     */
     async acquireSlot(input: {
       operationId: OperationId;
       principal: Principal;
     }): Promise<(() => void) | undefined> {
       if (!isPaid(input.operationId, input.principal)) return undefined;
-      const id = await slots.acquire({
+      const { id, balance } = await slots.take({
         accountId: input.principal.accountId,
         max: WALLET_MAX_IN_FLIGHT,
         leaseMs: config.reservationTtlMs,
@@ -239,10 +236,17 @@ export function createWalletDomain(deps: WalletDomainDeps) {
           { code: 'X402_CONCURRENCY_LIMIT' },
         );
       }
-      return () => {
+      const free = () =>
         slots
           .release(id)
           .catch((error: unknown) => deps.logger.warn({ err: error }, 'wallet slot release failed'));
+      const available = balance.usdAvailableNano + balance.diemAvailableNano;
+      if (available < MINIMUM_BALANCE_NANO) {
+        await free();
+        throw paymentRequired({ currentBalanceNano: available });
+      }
+      return () => {
+        void free();
       };
     },
 
