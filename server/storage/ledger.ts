@@ -563,10 +563,15 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   const { now, randomId } = resolveOptions(options);
 
   /** Reads the account row, locking it for the rest of the transaction (see the module comment). */
+  // The account row, locked (PostgreSQL; SQLite's transaction holds the write lock): a reservation without a
+  // key (a wallet's) reads it so on every request.
+  const selectAccountLocked = compiledOnce((accountId: string) => {
+    const query = db.selectFrom('accounts').selectAll().where('id', '=', accountId);
+    return dialect === 'postgres' ? query.forUpdate() : query;
+  });
+
   async function lockAccount(trx: Transaction<Tables>, accountId: string) {
-    let query = trx.selectFrom('accounts').selectAll().where('id', '=', accountId);
-    if (dialect === 'postgres') query = query.forUpdate();
-    const row = await query.executeTakeFirst();
+    const [row] = await selectAccountLocked(trx, accountId);
     if (!row) throw new NotFoundError('account', accountId);
     return row;
   }
@@ -745,6 +750,27 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
    * seven days of a key's listing) also sums the ledger's entries of that one partial day. The periods of the
    * spend limits start at midnight UTC: the check reads no entry.
    */
+  // keySpendOn's statements of every reservation of a key with a spend limit (compiledOnce).
+  const selectSpendDays = compiledOnce((apiKeyId: string, fromDay: number) =>
+    db
+      .selectFrom('api_key_spend_days')
+      .select((eb) => ['currency', eb.fn.sum<string | bigint | null>('net_nano').as('total')])
+      .where('api_key_id', '=', apiKeyId)
+      .where('epoch_day', '>=', fromDay)
+      .groupBy('currency'),
+  );
+  const selectHeldOfKey = compiledOnce((apiKeyId: string) =>
+    db
+      .selectFrom('reservations')
+      .select((eb) => [
+        eb.fn.sum<string | bigint | null>('usd_nano').as('usd'),
+        eb.fn.sum<string | bigint | null>('diem_nano').as('diem'),
+      ])
+      .where('api_key_id', '=', apiKeyId)
+      // A literal, so that both engines use the partial index of held reservations.
+      .where('status', '=', HELD),
+  );
+
   async function keySpendOn(
     q: Executor,
     apiKeyId: string,
@@ -752,13 +778,11 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     includeHeld: boolean,
   ): Promise<KeySpend> {
     const fromDay = Math.ceil(sinceMs / DAY_MS);
-    const rows: Array<{ currency: Currency; total: string | bigint | null }> = await q
-      .selectFrom('api_key_spend_days')
-      .select((eb) => ['currency', eb.fn.sum<string | bigint | null>('net_nano').as('total')])
-      .where('api_key_id', '=', apiKeyId)
-      .where('epoch_day', '>=', fromDay)
-      .groupBy('currency')
-      .execute();
+    const rows: Array<{ currency: Currency; total: string | bigint | null }> = await selectSpendDays(
+      q,
+      apiKeyId,
+      fromDay,
+    );
     if (fromDay * DAY_MS > sinceMs) {
       const partial = await q
         .selectFrom('ledger_entries')
@@ -778,18 +802,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     let diemNano = spent('DIEM');
     if (includeHeld) {
       // Held reservations count whenever they were made: their capture will be booked now.
-      const held = await q
-        .selectFrom('reservations')
-        .select((eb) => [
-          eb.fn.sum<string | bigint | null>('usd_nano').as('usd'),
-          eb.fn.sum<string | bigint | null>('diem_nano').as('diem'),
-        ])
-        .where('api_key_id', '=', apiKeyId)
-        // A literal, so that both engines use the partial index of held reservations.
-        .where('status', '=', HELD)
-        .executeTakeFirstOrThrow();
-      usdNano += toBigInt(held.usd);
-      diemNano += toBigInt(held.diem);
+      const [held] = await selectHeldOfKey(q, apiKeyId);
+      usdNano += toBigInt(held?.usd);
+      diemNano += toBigInt(held?.diem);
     }
     return { usdNano, diemNano };
   }

@@ -53,7 +53,18 @@ export function createWalletSlots(database: Database, options: RepositoryOptions
     return dialect === 'postgres' ? freed.returning(UNFLUSHED.as('unflushed')) : freed;
   });
 
+  // SQLite: the statements of `take` after the balance's.
   const selectBalance = compiledOnce(balanceQuery(db));
+  const countLive = compiledOnce((accountId: string, at: number) =>
+    db
+      .selectFrom('wallet_request_slots')
+      .select((eb) => eb.fn.countAll<number | bigint>().as('n'))
+      .where('account_id', '=', accountId)
+      .where('expires_at_ms', '>', at),
+  );
+  const insertSlot = compiledOnce((id: string, accountId: string, expiresAtMs: number) =>
+    db.insertInto('wallet_request_slots').values({ id, account_id: accountId, expires_at_ms: expiresAtMs }),
+  );
 
   /** PostgreSQL: `take` in one round trip, committed without waiting for the flush (see the top). */
   async function takeAtOnce(input: TakeSlotInput, at: number): Promise<TakenSlot> {
@@ -90,18 +101,10 @@ export function createWalletSlots(database: Database, options: RepositoryOptions
       const [row] = await selectBalance(trx, epochDayOf(at), input.accountId);
       if (!row) throw new NotFoundError('account', input.accountId);
       const balance = balanceOfRow(row);
-      const { n } = await trx
-        .selectFrom('wallet_request_slots')
-        .select((eb) => eb.fn.countAll<number | bigint>().as('n'))
-        .where('account_id', '=', input.accountId)
-        .where('expires_at_ms', '>', at)
-        .executeTakeFirstOrThrow();
-      if (toNumber(n) >= input.max) return { id: undefined, balance };
+      const [live] = await countLive(trx, input.accountId, at);
+      if (toNumber(live?.n ?? 0) >= input.max) return { id: undefined, balance };
       const id = randomId();
-      await trx
-        .insertInto('wallet_request_slots')
-        .values({ id, account_id: input.accountId, expires_at_ms: at + input.leaseMs })
-        .execute();
+      await insertSlot(trx, id, input.accountId, at + input.leaseMs);
       return { id, balance };
     }, EAGER);
   }
