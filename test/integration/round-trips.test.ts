@@ -4,16 +4,18 @@
  * account looked up on its first sign-in only, its request slot and admission minimum in one round trip on
  * PostgreSQL), and the reservation and capture inside them. Runs on SQLite and on a real PostgreSQL. On
  * PostgreSQL a reservation and a capture are one statement each (the account row locked for that statement,
- * not across round trips).
+ * not across round trips). Once a path's first request has run, its requests build no statement with Kysely's
+ * query builder: each is compiled once (compiledOnce).
  */
 
 import { mkdtempSync, rmSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { type CompiledQuery, DefaultQueryCompiler } from 'kysely';
 import { pino } from 'pino';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
-import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
 import { createApp } from '../../server/app.ts';
 import { loadConfig } from '../../server/config.ts';
 import { parseUsdToNano } from '../../server/money.ts';
@@ -42,11 +44,21 @@ type Counted = {
   key: string;
   /** The statements sent while `fn` ran. */
   during(fn: () => Promise<unknown>): Promise<string[]>;
+  /**
+   * The statements of Kysely's query builder compiled during the last `during`: none on a hot path once its
+   * first request has compiled them (compiledOnce in server/storage/internal.ts). Raw `sql` templates are
+   * left out: PostgreSQL's one-statement holds and captures are composed per call by design.
+   */
+  compiled: string[];
   close(): Promise<void>;
 };
 
+/** Every statement Kysely compiles (the spy calls through). */
+const compiles = vi.spyOn(DefaultQueryCompiler.prototype, 'compileQuery');
+
 async function start(databaseUrl: string): Promise<Counted> {
   let recording: string[] | undefined;
+  let compiled: string[] = [];
   const config = loadConfig({
     NODE_ENV: 'test',
     LOG_LEVEL: 'silent',
@@ -69,13 +81,21 @@ async function start(databaseUrl: string): Promise<Counted> {
     base: `http://127.0.0.1:${(server.address() as AddressInfo).port}/api/v1`,
     services,
     key: secret,
+    get compiled() {
+      return compiled;
+    },
     async during(fn) {
       // Let fire-and-forget work of earlier requests finish first.
       await new Promise((resolve) => setTimeout(resolve, 50));
       recording = [];
+      compiles.mockClear();
       try {
         await fn();
         await new Promise((resolve) => setTimeout(resolve, 50));
+        compiled = compiles.mock.calls.flatMap(([node], i) => {
+          const result = compiles.mock.results[i];
+          return node.kind === 'RawNode' || !result ? [] : [(result.value as CompiledQuery).sql];
+        });
         // The key's last-used time is written at most once a second per key, off the request's path.
         return recording.filter((s) => !s.startsWith('update "api_keys" set "last_used_at_ms"'));
       } finally {
@@ -225,6 +245,7 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
     }
     expect(statements.filter((s) => s === 'commit')).toHaveLength(chatShape.commits);
     expect(statements.length, statements.join('\n')).toBe(chatShape.total);
+    expect(server.compiled).toEqual([]);
   });
 
   test('a chat with a key that has a spend limit: checked in the reservation, reading no entry', async () => {
@@ -249,6 +270,7 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
     expect(statements.filter((s) => s.includes('api_key_spend_days') || script.test(s))).toHaveLength(2);
     expect(statements.filter((s) => /from "?ledger_entries/.test(s))).toEqual([]);
     expect(statements.length, statements.join('\n')).toBe(chatShape.limitedTotal);
+    expect(server.compiled).toEqual([]);
   });
 
   test("each chat's tokens are counted in its model's tokens-per-minute window", async () => {
@@ -297,6 +319,7 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
     );
     expect(statements.filter((s) => s === 'commit')).toHaveLength(rpcShape.commits);
     expect(statements.length, statements.join('\n')).toBe(rpcShape.total);
+    expect(server.compiled).toEqual([]);
   });
 
   test('a wallet-paid chat: the account of the wallet is looked up on its first sign-in only; few round trips', async () => {
@@ -332,5 +355,6 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
     expect(byAddress(second)).toEqual([]);
     expect(second.filter((s) => s === 'commit')).toHaveLength(wallet.commits);
     expect(second.length, second.join('\n')).toBe(wallet.total);
+    expect(server.compiled).toEqual([]);
   });
 });
