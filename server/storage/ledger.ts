@@ -370,7 +370,7 @@ type HeldRow = { usd_balance_nano: bigint; usd_available_nano: bigint };
  * An account's balance from its row and its DIEM counters of the day (`diem_usage`: absent when the account
  * used none that day).
  */
-export function balanceOf(
+function balanceOf(
   account: { usd_balance_nano: bigint; usd_reserved_nano: bigint; diem_stake_nano: bigint },
   usage: { usedNano: bigint; reservedNano: bigint },
 ): Balance {
@@ -562,14 +562,16 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     database.forAccountRow ? database.forAccountRow(accountId, fn) : fn();
   const { now, randomId } = resolveOptions(options);
 
-  /** Reads the account row, locking it for the rest of the transaction (see the module comment). */
-  // The account row, locked (PostgreSQL; SQLite's transaction holds the write lock): a reservation without a
-  // key (a wallet's) reads it so on every request.
+  // lockAccount's statement (PostgreSQL: FOR UPDATE; SQLite's transaction holds the write lock already).
   const selectAccountLocked = compiledOnce((accountId: string) => {
     const query = db.selectFrom('accounts').selectAll().where('id', '=', accountId);
     return dialect === 'postgres' ? query.forUpdate() : query;
   });
 
+  /**
+   * Reads the account row, locking it for the rest of the transaction (see the module comment): every
+   * reservation without a key (a wallet's) does.
+   */
   async function lockAccount(trx: Transaction<Tables>, accountId: string) {
     const [row] = await selectAccountLocked(trx, accountId);
     if (!row) throw new NotFoundError('account', accountId);
@@ -744,12 +746,6 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       .execute();
   }
 
-  /**
-   * Net spend of a key since a time (charges minus refunds), optionally plus its held reservations. The whole
-   * UTC days come from api_key_spend_days (a row per day and currency); only a time inside a day (the trailing
-   * seven days of a key's listing) also sums the ledger's entries of that one partial day. The periods of the
-   * spend limits start at midnight UTC: the check reads no entry.
-   */
   // keySpendOn's statements of every reservation of a key with a spend limit (compiledOnce).
   const selectSpendDays = compiledOnce((apiKeyId: string, fromDay: number) =>
     db
@@ -771,6 +767,12 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       .where('status', '=', HELD),
   );
 
+  /**
+   * Net spend of a key since a time (charges minus refunds), optionally plus its held reservations. The whole
+   * UTC days come from api_key_spend_days (a row per day and currency); only a time inside a day (the trailing
+   * seven days of a key's listing) also sums the ledger's entries of that one partial day. The periods of the
+   * spend limits start at midnight UTC: the check reads no entry.
+   */
   async function keySpendOn(
     q: Executor,
     apiKeyId: string,

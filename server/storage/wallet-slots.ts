@@ -53,7 +53,7 @@ export function createWalletSlots(database: Database, options: RepositoryOptions
     return dialect === 'postgres' ? freed.returning(UNFLUSHED.as('unflushed')) : freed;
   });
 
-  // SQLite: the statements of `take` after the balance's.
+  // SQLite: the statements of `take` (the balance's first: it takes the write lock).
   const selectBalance = compiledOnce(balanceQuery(db));
   const countLive = compiledOnce((accountId: string, at: number) =>
     db
