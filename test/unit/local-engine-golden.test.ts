@@ -173,7 +173,64 @@ async function record(): Promise<Record_[]> {
   return out;
 }
 
+/** What a caller that reads the answer whole puts together from the events (as the chat handler does). */
+function fold(events: ChatEvent[]) {
+  const choices: {
+    content: string;
+    reasoning: string;
+    calls: { id?: string; name: string; arguments: string }[];
+    logprobs: unknown[];
+    finish?: string;
+  }[] = [];
+  let usage: unknown;
+  for (const event of events) {
+    if (event.type === 'usage') {
+      usage = event.usage;
+      continue;
+    }
+    choices[event.index] ??= { content: '', reasoning: '', calls: [], logprobs: [] };
+    const choice = choices[event.index] as (typeof choices)[number];
+    if (event.type === 'finish') {
+      choice.finish = event.reason;
+      continue;
+    }
+    choice.content += event.content ?? '';
+    choice.reasoning += event.reasoning ?? '';
+    choice.logprobs.push(...(event.logprobs ?? []));
+    for (const call of event.toolCalls ?? []) {
+      choice.calls[call.index] ??= { name: '', arguments: '' };
+      const into = choice.calls[call.index] as (typeof choice.calls)[number];
+      if (call.id) into.id = call.id;
+      into.name += call.function?.name ?? '';
+      into.arguments += call.function?.arguments ?? '';
+    }
+  }
+  return { choices, usage };
+}
+
 describe('local engine golden outputs', () => {
+  test('read whole (a request that is not streamed): the same answers, in one delta a turn instead of one a token', async () => {
+    const streamed = createLocalChatEngine();
+    const whole = createLocalChatEngine();
+    let tokenEvents = 0;
+    let wholeEvents = 0;
+    for (const c of cases()) {
+      const perToken: ChatEvent[] = [];
+      for await (const event of streamed.stream(c.request)) perToken.push(event);
+      const gathered: ChatEvent[] = [];
+      for await (const event of whole.stream({ ...c.request, whole: true })) gathered.push(event);
+      expect(fold(gathered), c.name).toEqual(fold(perToken));
+      tokenEvents += perToken.length;
+      wholeEvents += gathered.length;
+      // A turn holds 16 tokens: at most one delta per field per 16 tokens, plus the opening one of each choice.
+      const usage = perToken.find((e) => e.type === 'usage');
+      const tokens = usage?.type === 'usage' ? usage.usage.completionTokens : 0;
+      const deltas = gathered.filter((e) => e.type === 'delta').length;
+      expect(deltas, c.name).toBeLessThanOrEqual(c.request.n * 4 + Math.ceil(tokens / 16) * 2);
+    }
+    expect(wholeEvents).toBeLessThan(tokenEvents / 4);
+  });
+
   test('360 requests give exactly the recorded events', async () => {
     const actual = await record();
     expect(actual.length).toBe(360);

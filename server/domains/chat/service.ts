@@ -544,6 +544,7 @@ export function createChatService(deps: ChatServiceDeps) {
           ...(body.response_format ? { responseFormat: body.response_format } : {}),
           ...(body.prompt_cache_key ? { promptCacheKey: body.prompt_cache_key } : {}),
           ...(Object.keys(passthrough).length > 0 ? { passthrough } : {}),
+          ...(body.stream ? {} : { whole: true }),
         };
         const prepared: PreparedChat = {
           requestId: input.requestId,

@@ -19,6 +19,7 @@ import type {
   FinishReason,
   ProviderMessage,
   ProviderTool,
+  TokenLogprob,
   TopLogprob,
 } from './types.ts';
 
@@ -89,18 +90,23 @@ function createSampler(
   withAlternatives: boolean,
 ): Sampler {
   const s = request.sampling;
-  const counts = new Map<string, number>();
-  const pool = poolOf(lexicon, promptWords);
-  const prompted = new Set(promptWords);
+  const { words: pool, prompted, distinct } = poolOf(lexicon, promptWords);
   const frequencyPenalty = s.frequency_penalty ?? 0;
   const presencePenalty = s.presence_penalty ?? 0;
   const repetitionPenalty = s.repetition_penalty;
+  // How often each word of the pool (by position) was drawn: read only when a penalty depends on it (without
+  // one, what it would subtract is 0).
+  const counts =
+    frequencyPenalty !== 0 || presencePenalty !== 0 || (repetitionPenalty && repetitionPenalty > 0)
+      ? new Uint32Array(pool.length)
+      : undefined;
   const topK = s.top_k;
   const minP = s.min_p ?? 0;
   const topP = s.top_p;
   const dynamic = s.max_temp !== undefined || s.min_temp !== undefined;
   // The draw's working arrays, reused from word to word (the candidates in drawn order, then sorted).
   const words: string[] = [];
+  const positions: number[] = [];
   const logits: number[] = [];
   const order: number[] = [];
   const probs: number[] = [];
@@ -110,19 +116,25 @@ function createSampler(
       const start = hash32(previous) % pool.length;
       let size = 0;
       for (let k = 0; k < 16; k++) {
-        const word = pool[(start + k * 7) % pool.length] as string;
-        let taken = false;
-        for (let j = 0; j < size; j++)
-          if (words[j] === word) {
-            taken = true;
-            break;
-          }
-        if (taken) continue;
-        let logit = -0.35 * k + (prompted.has(word) ? 0.6 : 0);
-        const used = counts.get(word) ?? 0;
-        logit -= frequencyPenalty * used + presencePenalty * (used > 0 ? 1 : 0);
-        if (used > 0 && repetitionPenalty && repetitionPenalty > 0) logit -= Math.log(repetitionPenalty);
+        const position = (start + k * 7) % pool.length;
+        const word = pool[position] as string;
+        if (!distinct) {
+          let taken = false;
+          for (let j = 0; j < size; j++)
+            if (words[j] === word) {
+              taken = true;
+              break;
+            }
+          if (taken) continue;
+        }
+        let logit = -0.35 * k + (prompted[position] === 1 ? 0.6 : 0);
+        if (counts) {
+          const used = counts[position] as number;
+          logit -= frequencyPenalty * used + presencePenalty * (used > 0 ? 1 : 0);
+          if (used > 0 && repetitionPenalty && repetitionPenalty > 0) logit -= Math.log(repetitionPenalty);
+        }
         words[size] = word;
+        positions[size] = position;
         logits[size] = logit;
         // Stable insertion by descending logit: the order a stable sort gives.
         let at = size;
@@ -183,9 +195,11 @@ function createSampler(
         count = kept;
       }
       let chosenWord = 'the';
+      let chosenPosition = -1;
       let chosenP = 1;
       if (count > 0) {
         chosenWord = words[order[allowed[0] as number] as number] as string;
+        chosenPosition = positions[order[allowed[0] as number] as number] as number;
         chosenP = probs[allowed[0] as number] as number;
       }
       if (temperature > 0) {
@@ -198,12 +212,17 @@ function createSampler(
           r -= p;
           if (r <= 0) {
             chosenWord = words[order[at] as number] as string;
+            chosenPosition = positions[order[at] as number] as number;
             chosenP = p;
             break;
           }
         }
       }
-      counts.set(chosenWord, (counts.get(chosenWord) ?? 0) + 1);
+      if (counts) {
+        // 'the' when nothing was allowed: counted where it stands in the pool (the lexicon's first word).
+        const at = chosenPosition >= 0 ? chosenPosition : pool.indexOf(chosenWord);
+        if (at >= 0) counts[at] = (counts[at] as number) + 1;
+      }
       let alternatives = NO_ALTERNATIVES;
       // Only kept when top log probabilities are asked for: 16 objects a word, held for a whole stream.
       if (withAlternatives) {
@@ -216,14 +235,28 @@ function createSampler(
   };
 }
 
-const pools = new Map<string, string[]>();
+/**
+ * The words a draw picks from: the lexicon's, then the prompt's new ones; which of them the prompt has (1 at
+ * their positions); and whether a draw's 16 candidates (positions `start + 7k` modulo the pool's length, k < 16)
+ * are always distinct, so that the draw need not look for repeats: they are unless the length divides `7d` for
+ * some d from 1 to 15.
+ */
+type Pool = { words: string[]; prompted: Uint8Array; distinct: boolean };
 
-/** The lexicon's words then the prompt's new ones (remembered for repeated prompts: a bounded memo). */
-function poolOf(lexicon: string[], promptWords: string[]): string[] {
+const pools = new Map<string, Pool>();
+
+/** The pool of a lexicon and a prompt's words (remembered for repeated prompts: a bounded memo). */
+function poolOf(lexicon: string[], promptWords: string[]): Pool {
   const key = `${lexicon === LEXICON ? 'L' : 'R'}${promptWords.join(' ')}`;
   const known = pools.get(key);
   if (known) return known;
-  const pool = [...new Set([...lexicon, ...promptWords])];
+  const words = [...new Set([...lexicon, ...promptWords])];
+  const inPrompt = new Set(promptWords);
+  const prompted = new Uint8Array(words.length);
+  for (let i = 0; i < words.length; i++) if (inPrompt.has(words[i] as string)) prompted[i] = 1;
+  let distinct = true;
+  for (let d = 1; d < 16; d++) if ((7 * d) % words.length === 0) distinct = false;
+  const pool = { words, prompted, distinct };
   if (pools.size >= 256) pools.clear();
   pools.set(key, pool);
   return pool;
@@ -484,6 +517,51 @@ function fixedPiece(text: string): Piece {
   return { text, logprob: -0.0001, alternatives: [] };
 }
 
+type DeltaEvent = Extract<ChatEvent, { type: 'delta' }>;
+
+/**
+ * The tokens of one field of a choice, gathered between two turns of the event loop into one delta, for a
+ * caller that reads the answer whole (`ChatProviderRequest.whole`): it puts together the same text and log
+ * probabilities from one event a turn instead of one a token, and each event it is handed costs a few
+ * promises on the way (the engine's generator, the service's failover, the handler's loop).
+ */
+class Gathered {
+  private text = '';
+  private tokens = 0;
+  private logprobs: TokenLogprob[] | undefined;
+
+  constructor(
+    private readonly index: number,
+    private readonly field: 'content' | 'reasoning' | 'arguments',
+  ) {}
+
+  add(text: string, logprobs: TokenLogprob[] | undefined): void {
+    this.text += text;
+    this.tokens++;
+    if (logprobs) {
+      this.logprobs ??= [];
+      for (const lp of logprobs) this.logprobs.push(lp);
+    }
+  }
+
+  /** The delta of what was gathered since the last one; undefined when nothing was. */
+  take(): DeltaEvent | undefined {
+    if (this.tokens === 0) return undefined;
+    const { index, text, logprobs } = this;
+    this.text = '';
+    this.tokens = 0;
+    this.logprobs = undefined;
+    if (this.field === 'arguments')
+      return { type: 'delta', index, toolCalls: [{ index: 0, function: { arguments: text } }] };
+    const event: DeltaEvent =
+      this.field === 'content'
+        ? { type: 'delta', index, content: text }
+        : { type: 'delta', index, reasoning: text };
+    if (logprobs) event.logprobs = logprobs;
+    return event;
+  }
+}
+
 export function createLocalChatEngine(options: LocalChatEngineOptions = {}): ChatProvider {
   const cache = createPromptCache(options.cacheEntries ?? 1000);
   const delay = options.tokenDelayMs ?? 0;
@@ -547,6 +625,9 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
         let finish: FinishReason = 'stop';
         let emitted = 0;
         yield { type: 'delta', index, content: '' };
+        const thinking = request.whole
+          ? new Gathered(index, reasoning?.tags ? 'content' : 'reasoning')
+          : undefined;
         // Reasoning first, within the bound.
         for (const planned of plan) {
           if (emitted >= budget) break;
@@ -559,11 +640,19 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
               ? [{ token: text, logprob: planned.logprob, bytes: bytesOf(text), top_logprobs: planned.top }]
               : undefined;
           // Tagged reasoning travels in `content` (the older format); the domain may strip it.
-          yield reasoning?.tags
-            ? { type: 'delta', index, content: text, ...(lp ? { logprobs: lp } : {}) }
-            : { type: 'delta', index, reasoning: text, ...(lp ? { logprobs: lp } : {}) };
-          if (pauseDue()) await pause();
+          if (thinking) thinking.add(text, lp);
+          else
+            yield reasoning?.tags
+              ? { type: 'delta', index, content: text, ...(lp ? { logprobs: lp } : {}) }
+              : { type: 'delta', index, reasoning: text, ...(lp ? { logprobs: lp } : {}) };
+          if (pauseDue()) {
+            const gathered = thinking?.take();
+            if (gathered) yield gathered;
+            await pause();
+          }
         }
+        const thought = thinking?.take();
+        if (thought) yield thought;
         if (plan.length > 0 && emitted >= budget) finish = 'length';
         if (finish !== 'length' && tool) {
           const args = JSON.stringify(
@@ -582,6 +671,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
             ],
           };
           emitted += countTokens(tool.function.name);
+          const argued = request.whole ? new Gathered(index, 'arguments') : undefined;
           for (const token of encodeText(args)) {
             signal?.throwIfAborted();
             if (emitted >= budget) {
@@ -589,13 +679,21 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
               break;
             }
             emitted++;
-            yield {
-              type: 'delta',
-              index,
-              toolCalls: [{ index: 0, function: { arguments: decodeToken(token) } }],
-            };
-            if (pauseDue()) await pause();
+            if (argued) argued.add(decodeToken(token), undefined);
+            else
+              yield {
+                type: 'delta',
+                index,
+                toolCalls: [{ index: 0, function: { arguments: decodeToken(token) } }],
+              };
+            if (pauseDue()) {
+              const gathered = argued?.take();
+              if (gathered) yield gathered;
+              await pause();
+            }
           }
+          const lastArguments = argued?.take();
+          if (lastArguments) yield lastArguments;
           if (finish !== 'length') finish = 'tool_calls';
         } else if (finish !== 'length') {
           const toolResult = request.messages[request.messages.length - 1]?.role === 'tool';
@@ -632,6 +730,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
             pieces = introThenSentences(intro, sampler, shape, words, budget + 1);
           }
           let sent = 0;
+          const said = request.whole ? new Gathered(index, 'content') : undefined;
           for (const planned of planPieces(pieces, 'content', topN)) {
             signal?.throwIfAborted();
             if (emitted >= budget) {
@@ -645,24 +744,23 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
             if (partial) text = text.slice(0, room);
             sent += text.length;
             emitted += partial ? encodeText(text).length : 1;
-            yield request.logprobs
-              ? {
-                  type: 'delta',
-                  index,
-                  content: text,
-                  logprobs: [
-                    {
-                      token: text,
-                      logprob: planned.logprob,
-                      bytes: bytesOf(text),
-                      top_logprobs: planned.top,
-                    },
-                  ],
-                }
-              : { type: 'delta', index, content: text };
+            const lp = request.logprobs
+              ? [{ token: text, logprob: planned.logprob, bytes: bytesOf(text), top_logprobs: planned.top }]
+              : undefined;
+            if (said) said.add(text, lp);
+            else
+              yield lp
+                ? { type: 'delta', index, content: text, logprobs: lp }
+                : { type: 'delta', index, content: text };
             if (partial) break;
-            if (pauseDue()) await pause();
+            if (pauseDue()) {
+              const gathered = said?.take();
+              if (gathered) yield gathered;
+              await pause();
+            }
           }
+          const lastSaid = said?.take();
+          if (lastSaid) yield lastSaid;
         }
         completionTokens += emitted;
         yield { type: 'finish', index, reason: finish };

@@ -81,6 +81,11 @@ export type ChatProviderRequest = {
   promptCacheKey?: string;
   /** Request fields the interface does not list, passed through to upstreams as they came. */
   passthrough?: Record<string, unknown>;
+  /**
+   * The caller reads the answer whole (a request that is not streamed): a delta may then carry several tokens,
+   * as the local engine sends those of one turn of the event loop. A streamed answer's deltas are one token each.
+   */
+  whole?: boolean;
   /** The request's abort (an `AbortSignal` will do); what a backend hands on to an API that wants a signal is its own. */
   signal?: AbortLike;
   /**
