@@ -30,6 +30,7 @@ import { type AbortLike, RequestAbort } from './http/request-abort.ts';
 import { memoizeRouteRegexps } from './http/route-regexps.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
 import { memoizeValidatorRequestWork } from './http/validator-memo.ts';
+import { warmRequestValidation } from './http/validator-warmup.ts';
 import type { Metrics } from './observability/metrics.ts';
 import { mountOperationsSurface } from './observability/surface.ts';
 
@@ -139,7 +140,15 @@ const ALLOWED_HEADERS = [
   'Idempotency-Key',
 ].join(', ');
 
-export function createApp(deps: AppDeps): express.Express {
+/**
+ * The app, and what builds every operation's request validation ahead of the first request
+ * (http/validator-warmup.ts): the process's entry point calls it at start; tests need not.
+ */
+export type App = express.Express & {
+  warmRequestValidation(): Promise<{ operations: number; ms: number }>;
+};
+
+export function createApp(deps: AppDeps): App {
   const { config, contract, logger, metrics } = deps;
   const app = express();
   app.disable('x-powered-by');
@@ -361,7 +370,7 @@ export function createApp(deps: AppDeps): express.Express {
     res.json(failure.toBody());
   });
 
-  return app;
+  return Object.assign(app, { warmRequestValidation: () => warmRequestValidation(validator, contract) });
 }
 
 /**

@@ -3,7 +3,7 @@
  */
 import type { AddressInfo } from 'node:net';
 import { pino } from 'pino';
-import { createApp } from '../../server/app.ts';
+import { type App, createApp } from '../../server/app.ts';
 import { type Config, loadConfig } from '../../server/config.ts';
 import { discoveryPaymentRequired } from '../../server/domains/wallet/discovery.ts';
 import { createHandlers, type HandlerGroups } from '../../server/handlers.ts';
@@ -11,7 +11,7 @@ import type { AuthPorts } from '../../server/http/auth.ts';
 import { loadContract } from '../../server/http/spec.ts';
 import { createMetrics } from '../../server/observability/metrics.ts';
 
-export type TestApp = { url: string; origin: string; config: Config; close(): Promise<void> };
+export type TestApp = { url: string; origin: string; config: Config; app: App; close(): Promise<void> };
 
 export async function startTestApp(
   options: {
@@ -51,6 +51,7 @@ export async function startTestApp(
     url: `${origin}/api/v1`,
     origin,
     config,
+    app,
     close: () =>
       new Promise<void>((resolve) => {
         server.closeAllConnections();
