@@ -43,6 +43,18 @@ export type Report = {
     firstFailure?: string;
     peakRssMb: number;
     idleRssMb: number;
+    /**
+     * The same process's first burst, before the measured one: as many short streams (two tokens) at once on
+     * the fresh process, whose code V8 has not compiled yet, so its TTFB is a cold start's; the measured
+     * burst's is a warm process's. Absent from reports of before the twenty-seventh round.
+     */
+    firstBurst?: {
+      requested: number;
+      completed: number;
+      ttfbP50Ms: number;
+      ttfbP99Ms: number;
+      failures: number;
+    };
   };
 };
 
@@ -218,8 +230,21 @@ function tables(report: Report): { head: string[]; rows: string[][] }[] {
         'peak RSS MB',
       ],
       rows: [
+        ...(s.firstBurst
+          ? [
+              [
+                "the process's first burst (cold), 2 tokens each",
+                String(s.firstBurst.requested),
+                '-',
+                String(s.firstBurst.completed),
+                fmt(s.firstBurst.ttfbP50Ms, 1),
+                fmt(s.firstBurst.ttfbP99Ms, 1),
+                '-',
+              ],
+            ]
+          : []),
         [
-          'SSE chats, local engine',
+          s.firstBurst ? 'SSE chats, local engine (then, warm)' : 'SSE chats, local engine',
           String(s.requested),
           String(s.maxOpen),
           String(s.completed),

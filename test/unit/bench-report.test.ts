@@ -67,6 +67,7 @@ const report: Report = {
     failures: 0,
     peakRssMb: 248,
     idleRssMb: 100,
+    firstBurst: { requested: 1000, completed: 1000, ttfbP50Ms: 1250, ttfbP99Ms: 2400, failures: 0 },
   },
 };
 
@@ -113,4 +114,18 @@ test('behavior: the PostgreSQL chat with one key is a ratio to the same with a k
   expect(row('chat on PostgreSQL, one key / a key per connection')).toBe('50.0%');
   const without = { ...report, rows: report.rows.filter((r) => r.id !== 'chatPostgresKeys') };
   expect(row('chat on PostgreSQL, one key / a key per connection', without)).toBe('n/a%');
+});
+
+test("behavior: the streams table has the process's first burst (cold) above the measured one (warm)", () => {
+  const markdown = renderMarkdown(report);
+  expect(markdown).toContain(
+    "| the process's first burst (cold), 2 tokens each | 1000 | - | 1000 | 1250.0 | 2400.0 | - |",
+  );
+  expect(markdown).toContain(
+    '| SSE chats, local engine (then, warm) | 1000 | 1000 | 1000 | 900.0 | 1500.0 | 248 |',
+  );
+  const { firstBurst: _, ...older } = report.streams;
+  expect(renderMarkdown({ ...report, streams: older })).toContain(
+    '| SSE chats, local engine | 1000 | 1000 | 1000 | 900.0 | 1500.0 | 248 |',
+  );
 });
