@@ -215,15 +215,17 @@ try {
     await session.post('Profiler.setSamplingInterval', { interval: 100 });
     await session.post('Profiler.start');
   }
-  // BENCH_PROMOTED=1: a sampling heap profile of what this run allocates that outlives a scavenge.
-  const promoted = process.env.BENCH_PROMOTED === '1';
-  if (promoted) {
+  // BENCH_PROMOTED=1: a sampling heap profile of what this run allocates that outlives a scavenge;
+  // BENCH_ALLOCATED=1: of everything it allocates (what scavenges collect too).
+  const allocated = process.env.BENCH_ALLOCATED === '1';
+  const heapSampling = allocated || process.env.BENCH_PROMOTED === '1';
+  if (heapSampling) {
     if (!profiling) session.connect();
     await session.post('HeapProfiler.enable');
     await session.post('HeapProfiler.startSampling', {
       samplingInterval: 1024,
       includeObjectsCollectedByMajorGC: true,
-      includeObjectsCollectedByMinorGC: false,
+      includeObjectsCollectedByMinorGC: allocated,
     } as never);
   }
   const times: number[] = [];
@@ -242,7 +244,7 @@ try {
     mkdirSync(outDir, { recursive: true });
     writeFileSync(join(outDir, `${target}.cpuprofile`), JSON.stringify(profile));
   }
-  if (promoted) {
+  if (heapSampling) {
     // A scavenge first: what the last requests allocated and no longer use leaves the profile.
     setFlagsFromString('--expose-gc');
     (runInNewContext('gc') as (options: object) => void)({ type: 'minor' });
