@@ -520,12 +520,13 @@ function fixedPiece(text: string): Piece {
 type DeltaEvent = Extract<ChatEvent, { type: 'delta' }>;
 
 /**
- * The tokens of one field of a choice, gathered between two turns of the event loop into one delta, for a
- * caller that reads the answer whole (`ChatProviderRequest.whole`): it puts together the same text and log
- * probabilities from one event a turn instead of one a token, and each event it is handed costs a few
- * promises on the way (the engine's generator, the service's failover, the handler's loop).
+ * The deltas of one field of a choice (its content, its reasoning, a tool call's arguments). A streamed answer
+ * sends each token as a delta of its own; for a caller that reads the answer whole (`ChatProviderRequest.whole`)
+ * the tokens between two turns of the event loop are gathered into one delta: the same text and log
+ * probabilities, from one event a turn instead of one a token (each event costs a few promises on its way: the
+ * engine's generator, the service's failover, the handler's loop).
  */
-class Gathered {
+class Deltas {
   private text = '';
   private tokens = 0;
   private logprobs: TokenLogprob[] | undefined;
@@ -533,18 +534,21 @@ class Gathered {
   constructor(
     private readonly index: number,
     private readonly field: 'content' | 'reasoning' | 'arguments',
+    private readonly whole: boolean,
   ) {}
 
-  add(text: string, logprobs: TokenLogprob[] | undefined): void {
+  /** A token: the delta to send now (a streamed answer's), or undefined while gathering. */
+  push(text: string, logprobs: TokenLogprob[] | undefined): DeltaEvent | undefined {
     this.text += text;
     this.tokens++;
     if (logprobs) {
       this.logprobs ??= [];
       for (const lp of logprobs) this.logprobs.push(lp);
     }
+    return this.whole ? undefined : this.take();
   }
 
-  /** The delta of what was gathered since the last one; undefined when nothing was. */
+  /** The delta of what was gathered since the last one (at a turn's end, and the field's); undefined if none. */
   take(): DeltaEvent | undefined {
     if (this.tokens === 0) return undefined;
     const { index, text, logprobs } = this;
@@ -589,6 +593,8 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
       const lastUser = lastUserText(request.messages);
       const requested = /\b(\d{1,5})\s+words?\b/i.exec(lastUser);
       const topN = request.logprobs?.top ?? 0;
+      // The caller reads the answer whole: each field's tokens of a turn in one delta (Deltas).
+      const readWhole = request.whole === true;
       let completionTokens = 0;
       let reasoningTokens = 0;
 
@@ -625,9 +631,8 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
         let finish: FinishReason = 'stop';
         let emitted = 0;
         yield { type: 'delta', index, content: '' };
-        const thinking = request.whole
-          ? new Gathered(index, reasoning?.tags ? 'content' : 'reasoning')
-          : undefined;
+        // Tagged reasoning travels in `content` (the older format); the domain may strip it.
+        const thinking = new Deltas(index, reasoning?.tags ? 'content' : 'reasoning', readWhole);
         // Reasoning first, within the bound.
         for (const planned of plan) {
           if (emitted >= budget) break;
@@ -639,19 +644,15 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
             topN || request.logprobs
               ? [{ token: text, logprob: planned.logprob, bytes: bytesOf(text), top_logprobs: planned.top }]
               : undefined;
-          // Tagged reasoning travels in `content` (the older format); the domain may strip it.
-          if (thinking) thinking.add(text, lp);
-          else
-            yield reasoning?.tags
-              ? { type: 'delta', index, content: text, ...(lp ? { logprobs: lp } : {}) }
-              : { type: 'delta', index, reasoning: text, ...(lp ? { logprobs: lp } : {}) };
+          const delta = thinking.push(text, lp);
+          if (delta) yield delta;
           if (pauseDue()) {
-            const gathered = thinking?.take();
+            const gathered = thinking.take();
             if (gathered) yield gathered;
             await pause();
           }
         }
-        const thought = thinking?.take();
+        const thought = thinking.take();
         if (thought) yield thought;
         if (plan.length > 0 && emitted >= budget) finish = 'length';
         if (finish !== 'length' && tool) {
@@ -671,7 +672,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
             ],
           };
           emitted += countTokens(tool.function.name);
-          const argued = request.whole ? new Gathered(index, 'arguments') : undefined;
+          const argued = new Deltas(index, 'arguments', readWhole);
           for (const token of encodeText(args)) {
             signal?.throwIfAborted();
             if (emitted >= budget) {
@@ -679,20 +680,15 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
               break;
             }
             emitted++;
-            if (argued) argued.add(decodeToken(token), undefined);
-            else
-              yield {
-                type: 'delta',
-                index,
-                toolCalls: [{ index: 0, function: { arguments: decodeToken(token) } }],
-              };
+            const delta = argued.push(decodeToken(token), undefined);
+            if (delta) yield delta;
             if (pauseDue()) {
-              const gathered = argued?.take();
+              const gathered = argued.take();
               if (gathered) yield gathered;
               await pause();
             }
           }
-          const lastArguments = argued?.take();
+          const lastArguments = argued.take();
           if (lastArguments) yield lastArguments;
           if (finish !== 'length') finish = 'tool_calls';
         } else if (finish !== 'length') {
@@ -730,7 +726,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
             pieces = introThenSentences(intro, sampler, shape, words, budget + 1);
           }
           let sent = 0;
-          const said = request.whole ? new Gathered(index, 'content') : undefined;
+          const said = new Deltas(index, 'content', readWhole);
           for (const planned of planPieces(pieces, 'content', topN)) {
             signal?.throwIfAborted();
             if (emitted >= budget) {
@@ -747,19 +743,16 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
             const lp = request.logprobs
               ? [{ token: text, logprob: planned.logprob, bytes: bytesOf(text), top_logprobs: planned.top }]
               : undefined;
-            if (said) said.add(text, lp);
-            else
-              yield lp
-                ? { type: 'delta', index, content: text, logprobs: lp }
-                : { type: 'delta', index, content: text };
+            const delta = said.push(text, lp);
+            if (delta) yield delta;
             if (partial) break;
             if (pauseDue()) {
-              const gathered = said?.take();
+              const gathered = said.take();
               if (gathered) yield gathered;
               await pause();
             }
           }
-          const lastSaid = said?.take();
+          const lastSaid = said.take();
           if (lastSaid) yield lastSaid;
         }
         completionTokens += emitted;
