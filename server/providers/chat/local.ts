@@ -219,7 +219,7 @@ function createSampler(
         }
       }
       if (counts) {
-        // 'the' when nothing was allowed: counted where it stands in the pool (the lexicon's first word).
+        // 'the' when nothing was allowed: counted where it stands in the pool (both lexicons have it).
         const at = chosenPosition >= 0 ? chosenPosition : pool.indexOf(chosenWord);
         if (at >= 0) counts[at] = (counts[at] as number) + 1;
       }
