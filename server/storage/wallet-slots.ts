@@ -112,11 +112,6 @@ export function createWalletSlots(database: Database, options: RepositoryOptions
   return {
     take,
 
-    /** `take`'s slot alone: its id, or `undefined` when `max` slots are already live. */
-    async acquire(input: TakeSlotInput): Promise<string | undefined> {
-      return (await take(input)).id;
-    },
-
     /**
      * Frees a slot (idempotent). A short write (`Database.write`): on SQLite it joins the commit group under
      * way, when there is one (the captures of the requests answered with it, say), instead of committing alone.

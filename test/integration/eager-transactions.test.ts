@@ -60,5 +60,5 @@ test('behavior: a reservation and a wallet slot commit before the next turn; a c
     ),
   ).toBe(false);
   const slots = createWalletSlots(database);
-  expect(await settlesBeforeTheTurn(() => slots.acquire({ accountId, max: 5, leaseMs: 60_000 }))).toBe(true);
+  expect(await settlesBeforeTheTurn(() => slots.take({ accountId, max: 5, leaseMs: 60_000 }))).toBe(true);
 });

@@ -19,7 +19,7 @@ import {
   type Database,
   migrate,
 } from '../../server/storage/index.ts';
-import { createWalletSlots } from '../../server/storage/wallet-slots.ts';
+import { createWalletSlots, type TakeSlotInput } from '../../server/storage/wallet-slots.ts';
 import { holdAccountLock, type StartedPostgres, startPostgres } from '../support/postgres.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'wallet-slots-'));
@@ -48,6 +48,8 @@ describe.each(engines)('wallet request slots on %s', (engine, url) => {
   let databaseUrl: string;
   let clock = T0;
   const slots = () => createWalletSlots(database, { now: () => clock });
+  /** A slot's id, or undefined when `max` are live (the balance `take` reads with it is tested below). */
+  const acquire = async (input: TakeSlotInput) => (await slots().take(input)).id;
   const newWallet = async () => {
     const address = `0x${randomBytes(20).toString('hex')}`;
     return (await createAccounts(database).findOrCreateWalletAccount(address)).account.id;
@@ -66,20 +68,20 @@ describe.each(engines)('wallet request slots on %s', (engine, url) => {
   test('behavior: of 12 requests at once, 5 take a slot; a freed slot and an expired one come back', async () => {
     const accountId = await newWallet();
     const taken = await Promise.all(
-      Array.from({ length: 12 }, () => slots().acquire({ accountId, max: 5, leaseMs: 60_000 })),
+      Array.from({ length: 12 }, () => acquire({ accountId, max: 5, leaseMs: 60_000 })),
     );
     const ids = taken.filter((id) => id !== undefined);
     expect(ids).toHaveLength(5);
     expect(new Set(ids).size).toBe(5);
-    expect(await slots().acquire({ accountId, max: 5, leaseMs: 60_000 })).toBeUndefined();
+    expect(await acquire({ accountId, max: 5, leaseMs: 60_000 })).toBeUndefined();
     // Freed (twice: idempotent), one comes back, once.
     await slots().release(ids[0] as string);
     await slots().release(ids[0] as string);
-    expect(await slots().acquire({ accountId, max: 5, leaseMs: 60_000 })).toEqual(expect.any(String));
-    expect(await slots().acquire({ accountId, max: 5, leaseMs: 60_000 })).toBeUndefined();
+    expect(await acquire({ accountId, max: 5, leaseMs: 60_000 })).toEqual(expect.any(String));
+    expect(await acquire({ accountId, max: 5, leaseMs: 60_000 })).toBeUndefined();
     // Past their lease, slots of a crashed process no longer count.
     clock += 60_000;
-    expect(await slots().acquire({ accountId, max: 5, leaseMs: 60_000 })).toEqual(expect.any(String));
+    expect(await acquire({ accountId, max: 5, leaseMs: 60_000 })).toEqual(expect.any(String));
     clock = T0;
   });
 
@@ -112,7 +114,7 @@ describe.each(engines)('wallet request slots on %s', (engine, url) => {
   });
 
   test('behavior: an unknown account is refused, and nothing is written for it', async () => {
-    await expect(slots().acquire({ accountId: 'no-such-account', max: 5, leaseMs: 60_000 })).rejects.toThrow(
+    await expect(acquire({ accountId: 'no-such-account', max: 5, leaseMs: 60_000 })).rejects.toThrow(
       /account/,
     );
     const rows = await database.db
@@ -138,9 +140,7 @@ describe.each(engines)('wallet request slots on %s', (engine, url) => {
               .execute();
           }
         });
-        const waiting = Array.from({ length: 10 }, () =>
-          slots().acquire({ accountId, max: 5, leaseMs: 60_000 }),
-        );
+        const waiting = Array.from({ length: 10 }, () => acquire({ accountId, max: 5, leaseMs: 60_000 }));
         await holder.waitForWaiter();
         await holder.release();
         // Each waiter counts after the lock is granted: it sees the two slots committed meanwhile.
@@ -162,7 +162,7 @@ describe.each(engines)('wallet request slots on %s', (engine, url) => {
         onQuery: (text) => texts.push(text),
       });
       try {
-        const id = await createWalletSlots(textual).acquire({ accountId, max: 5, leaseMs: 60_000 });
+        const { id } = await createWalletSlots(textual).take({ accountId, max: 5, leaseMs: 60_000 });
         expect(id).toEqual(expect.any(String));
         // One query: the lock, then the statement that counts and inserts.
         const [taking, ...afterTaking] = texts.splice(0);
@@ -179,7 +179,7 @@ describe.each(engines)('wallet request slots on %s', (engine, url) => {
         const show = sql<{ synchronous_commit: string }>`show synchronous_commit`;
         const statement = (taking as string).slice((taking as string).indexOf(';\n') + 2);
         // A slot to free (the statement frees by id: freeing none calls nothing in its RETURNING).
-        const other = await slots().acquire({ accountId, max: 5, leaseMs: 60_000 });
+        const other = await acquire({ accountId, max: 5, leaseMs: 60_000 });
         await database.db.connection().execute(async (connection) => {
           for (const query of [CompiledQuery.raw(statement), CompiledQuery.raw(freeing as string, [other])]) {
             await connection.transaction().execute(async (trx) => {
