@@ -30,7 +30,11 @@ export async function startTracedServer(input: {
     'server/start.mjs',
     serverEnv(input.databaseUrl, input.catalogPath, { ...input.env, TRACE_OUT: dumpFile }),
     '/healthz',
-    ['--import', join(repoRoot, 'bench', 'trace-hooks.mjs')],
+    [
+      ...(process.env.TRACE_NODE_FLAGS ?? '').split(' ').filter(Boolean),
+      '--import',
+      join(repoRoot, 'bench', 'trace-hooks.mjs'),
+    ],
   );
   return Object.assign(server, {
     async dump(): Promise<TraceDump> {

@@ -16,6 +16,7 @@ import { type Config, ConfigError, loadConfig } from './config.ts';
 import { answerClientErrors } from './http/client-errors.ts';
 import { pollWhileServing } from './http/idle-poll.ts';
 import { createHttpServer } from './http/server.ts';
+import { createLogDestination } from './observability/log-destination.ts';
 import { createServices, type Services } from './services.ts';
 
 /** Paths pino never writes: credentials in headers and secrets in objects. */
@@ -49,7 +50,12 @@ try {
   throw error;
 }
 
-const logger = pino({ level: config.logLevel, redact: { paths: REDACT, censor: '[redacted]' } });
+// Lines gathered and written a batch at a time, not one thread-pool write per request (observability/log-destination.ts).
+const logDestination = createLogDestination();
+const logger = pino(
+  { level: config.logLevel, redact: { paths: REDACT, censor: '[redacted]' } },
+  logDestination,
+);
 const primary = cluster.isPrimary && config.workers > 1;
 const services = await createServices(config, logger).catch((error: unknown) => {
   logger.fatal({ err: error }, 'start-up failed');
@@ -65,6 +71,8 @@ const boot = await bootstrap(services, {
   process.exit(1);
 });
 if (boot.action === 'generated-key') {
+  // After the lines logged so far (they are gathered, this is not).
+  logDestination.flushSync();
   // Printed once, to the terminal only: the logger never sees the secret.
   process.stdout.write(
     `\nFirst start: an ADMIN API key was created for account ${boot.accountId}. It is shown only this once:\n\n` +
@@ -121,6 +129,8 @@ async function serve(services: Services) {
     { url: `${base}/api/v1`, docs: `${base}/docs`, database: services.database.dialect },
     'listening',
   );
+  // Shown at once, not with the next batch: whoever waits for the server reads this line.
+  logDestination.flush();
 
   // Housekeeping every minute: reservations of requests that never finished (a crash) are released when they
   // expire; rate-limit windows older than a day, refusal-log entries older than 30 days and expired idempotency

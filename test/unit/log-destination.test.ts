@@ -1,0 +1,139 @@
+/**
+ * The server's log destination (server/observability/log-destination.ts): lines are gathered and handed to
+ * the writer a batch at a time, in order, at most `flushMs` after the first of a batch or at once past
+ * `maxBytes`; `flush` and `flushSync` hand on what is gathered now; a process that exits writes what it had
+ * gathered, with the real writer on a real file.
+ */
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeEach, describe, expect, test, vi } from 'vitest';
+import { createLogDestination, type LogDestination } from '../../server/observability/log-destination.ts';
+import { repoRoot } from '../support/contract.ts';
+
+/** A writer that records what it is given. */
+function recorder() {
+  const batches: string[] = [];
+  const calls: string[] = [];
+  const writer: LogDestination = {
+    write(batch) {
+      batches.push(batch);
+      return true;
+    },
+    flush(done) {
+      calls.push('flush');
+      done?.();
+    },
+    flushSync() {
+      calls.push('flushSync');
+    },
+  };
+  return { writer, batches, calls };
+}
+
+const line = (n: number) => `{"msg":"line ${n}"}\n`;
+
+describe('gathering', () => {
+  beforeEach(() => {
+    vi.useFakeTimers();
+  });
+  afterEach(() => {
+    vi.useRealTimers();
+  });
+
+  test('lines wait for flushMs after the first of a batch, then go together, in order', () => {
+    const { writer, batches } = recorder();
+    const destination = createLogDestination({ writer, flushMs: 100, maxBytes: 1024 });
+    destination.write(line(1));
+    vi.advanceTimersByTime(60);
+    destination.write(line(2)); // does not push the batch's time back
+    destination.write(line(3));
+    vi.advanceTimersByTime(39);
+    expect(batches).toEqual([]);
+    vi.advanceTimersByTime(1);
+    expect(batches).toEqual([line(1) + line(2) + line(3)]);
+    // Nothing gathered: no timer, no empty batch.
+    vi.advanceTimersByTime(1000);
+    expect(batches).toHaveLength(1);
+    // The next line starts a batch of its own.
+    destination.write(line(4));
+    vi.advanceTimersByTime(100);
+    expect(batches).toEqual([line(1) + line(2) + line(3), line(4)]);
+  });
+
+  test('a batch reaching maxBytes goes at once, and its timer with it', () => {
+    const { writer, batches } = recorder();
+    const destination = createLogDestination({ writer, flushMs: 100, maxBytes: 2 * line(1).length });
+    destination.write(line(1));
+    expect(batches).toEqual([]);
+    destination.write(line(2));
+    expect(batches).toEqual([line(1) + line(2)]);
+    vi.advanceTimersByTime(100);
+    expect(batches).toHaveLength(1);
+  });
+
+  test('flush and flushSync hand on what is gathered now, then ask the writer to write it', () => {
+    const { writer, batches, calls } = recorder();
+    const destination = createLogDestination({ writer, flushMs: 100 });
+    destination.write(line(1));
+    const done = vi.fn();
+    destination.flush(done);
+    expect(batches).toEqual([line(1)]);
+    expect(calls).toEqual(['flush']);
+    expect(done).toHaveBeenCalledOnce();
+    destination.write(line(2));
+    destination.flushSync();
+    expect(batches).toEqual([line(1), line(2)]);
+    expect(calls).toEqual(['flush', 'flushSync']);
+    vi.advanceTimersByTime(100);
+    expect(batches).toHaveLength(2);
+  });
+});
+
+describe('on a real file', () => {
+  const scratch = mkdtempSync(join(tmpdir(), 'log-destination-'));
+  afterAll(() => rmSync(scratch, { recursive: true, force: true }));
+
+  test('a process that exits with lines gathered writes them, in order', () => {
+    const file = join(scratch, 'exit.log');
+    const script = [
+      "import { openSync } from 'node:fs';",
+      "import { createLogDestination } from './server/observability/log-destination.ts';",
+      `const destination = createLogDestination({ fd: openSync(${JSON.stringify(file)}, 'a'), flushMs: 60_000 });`,
+      'for (let i = 1; i <= 3; i++) destination.write(`{"msg":"line ${i}"}\\n`);',
+      'process.exit(3);',
+    ].join('\n');
+    let status: number | null = null;
+    try {
+      execFileSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+        cwd: repoRoot,
+        timeout: 30_000,
+        stdio: 'pipe',
+      });
+    } catch (error) {
+      status = (error as { status: number | null }).status;
+    }
+    expect(status).toBe(3);
+    expect(readFileSync(file, 'utf8')).toBe(line(1) + line(2) + line(3));
+  });
+
+  test('flushSync writes through to the file before it returns', () => {
+    const file = join(scratch, 'sync.log');
+    const script = [
+      "import { openSync, readFileSync } from 'node:fs';",
+      "import { createLogDestination } from './server/observability/log-destination.ts';",
+      `const destination = createLogDestination({ fd: openSync(${JSON.stringify(file)}, 'a'), flushMs: 60_000 });`,
+      'destination.write(`{"msg":"line 1"}\\n`);',
+      `const before = readFileSync(${JSON.stringify(file)}, 'utf8');`,
+      'destination.flushSync();',
+      `process.stdout.write(JSON.stringify({ before, after: readFileSync(${JSON.stringify(file)}, 'utf8') }));`,
+    ].join('\n');
+    const out = execFileSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+      cwd: repoRoot,
+      timeout: 30_000,
+      encoding: 'utf8',
+    });
+    expect(JSON.parse(out)).toEqual({ before: '', after: line(1) });
+  });
+});
