@@ -4,7 +4,7 @@
  * `maxBytes`; `flush` and `flushSync` hand on what is gathered now; a process that exits writes what it had
  * gathered, with the real writer on a real file.
  */
-import { execFileSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -95,45 +95,40 @@ describe('on a real file', () => {
   const scratch = mkdtempSync(join(tmpdir(), 'log-destination-'));
   afterAll(() => rmSync(scratch, { recursive: true, force: true }));
 
-  test('a process that exits with lines gathered writes them, in order', () => {
-    const file = join(scratch, 'exit.log');
-    const script = [
-      "import { openSync } from 'node:fs';",
-      "import { createLogDestination } from './server/observability/log-destination.ts';",
-      `const destination = createLogDestination({ fd: openSync(${JSON.stringify(file)}, 'a'), flushMs: 60_000 });`,
-      'for (let i = 1; i <= 3; i++) destination.write(`{"msg":"line ${i}"}\\n`);',
-      'process.exit(3);',
-    ].join('\n');
-    let status: number | null = null;
-    try {
-      execFileSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
-        cwd: repoRoot,
-        timeout: 30_000,
-        stdio: 'pipe',
-      });
-    } catch (error) {
-      status = (error as { status: number | null }).status;
-    }
-    expect(status).toBe(3);
-    expect(readFileSync(file, 'utf8')).toBe(line(1) + line(2) + line(3));
-  });
-
-  test('flushSync writes through to the file before it returns', () => {
-    const file = join(scratch, 'sync.log');
+  /** Runs `body` in a fresh process (a module with `destination` on `file`, flushMs a minute); its exit status and output. */
+  function inProcess(file: string, body: string[]) {
     const script = [
       "import { openSync, readFileSync } from 'node:fs';",
       "import { createLogDestination } from './server/observability/log-destination.ts';",
-      `const destination = createLogDestination({ fd: openSync(${JSON.stringify(file)}, 'a'), flushMs: 60_000 });`,
-      'destination.write(`{"msg":"line 1"}\\n`);',
-      `const before = readFileSync(${JSON.stringify(file)}, 'utf8');`,
-      'destination.flushSync();',
-      `process.stdout.write(JSON.stringify({ before, after: readFileSync(${JSON.stringify(file)}, 'utf8') }));`,
+      `const file = ${JSON.stringify(file)};`,
+      "const destination = createLogDestination({ fd: openSync(file, 'a'), flushMs: 60_000 });",
+      ...body,
     ].join('\n');
-    const out = execFileSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+    const run = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
       cwd: repoRoot,
       timeout: 30_000,
       encoding: 'utf8',
     });
-    expect(JSON.parse(out)).toEqual({ before: '', after: line(1) });
+    return { status: run.status, out: run.stdout, written: readFileSync(file, 'utf8') };
+  }
+
+  test('a process that exits with lines gathered writes them, in order', () => {
+    const run = inProcess(join(scratch, 'exit.log'), [
+      'for (let i = 1; i <= 3; i++) destination.write(\'{"msg":"line \' + i + \'"}\\n\');',
+      'process.exit(3);',
+    ]);
+    expect(run.status).toBe(3);
+    expect(run.written).toBe(line(1) + line(2) + line(3));
+  });
+
+  test('flushSync writes through to the file before it returns', () => {
+    const run = inProcess(join(scratch, 'sync.log'), [
+      'destination.write(`{"msg":"line 1"}\\n`);',
+      "const before = readFileSync(file, 'utf8');",
+      'destination.flushSync();',
+      "process.stdout.write(JSON.stringify({ before, after: readFileSync(file, 'utf8') }));",
+    ]);
+    expect(run.status).toBe(0);
+    expect(JSON.parse(run.out)).toEqual({ before: '', after: line(1) });
   });
 });
