@@ -26,6 +26,7 @@ import type {
   ToolCallDelta,
 } from '../../providers/chat/types.ts';
 import { hashRequestBody, type IdempotencyStore } from '../../storage/idempotency.ts';
+import { openEventStream } from './event-stream.ts';
 import { echoOptions } from './options.ts';
 import {
   type ChatService,
@@ -291,45 +292,9 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
       stream: async (res: ServerResponse, signal: AbortLike) => {
         // The writer's abort is the request's own (app.ts): the client gone ends the stream.
         const aborted = () => signal.aborted;
-        // The frames written in one turn of the event loop leave together (one socket write, not one per
-        // frame): corked at the first, uncorked once the turn's work is done. Frames are not held any longer.
-        let corked = false;
-        const uncork = () => {
-          corked = false;
-          res.uncork();
-        };
-        const cork = () => {
-          if (corked) return;
-          corked = true;
-          res.cork();
-          process.nextTick(uncork);
-        };
-        res.writeHead(200, {
-          'Content-Type': 'text/event-stream; charset=utf-8',
-          'Cache-Control': 'no-cache',
-          Connection: 'keep-alive',
-          'X-Accel-Buffering': 'no',
-        });
-        // The headers leave in this turn whatever follows, with the first frames when there are any (one
-        // socket write instead of two: on loopback each write costs tens of µs).
-        cork();
-        res.flushHeaders();
-        const drained = () =>
-          new Promise<void>((resolve) => {
-            const done = () => {
-              res.off('drain', done);
-              res.off('close', done);
-              resolve();
-            };
-            res.on('drain', done);
-            res.on('close', done);
-          });
-        /** Writes one `data:` frame; a promise only when the socket asks to wait (backpressure). */
-        const write = (data: string): Promise<void> | undefined => {
-          if (res.destroyed || aborted()) return undefined;
-          cork();
-          return res.write(`data: ${data}\n\n`) ? undefined : drained();
-        };
+        // The frames of one turn leave together, the head with the first, the end with the last (event-stream.ts).
+        const events = openEventStream(res, aborted);
+        const write = events.write;
         const send = async (payload: unknown) => {
           await write(typeof payload === 'string' ? payload : JSON.stringify(payload));
         };
@@ -435,7 +400,7 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
           await send('[DONE]');
         } finally {
           prepared.done();
-          res.end();
+          events.end();
         }
       },
     };
