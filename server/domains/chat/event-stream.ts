@@ -11,7 +11,9 @@
  * socket write (the response corked meanwhile: on loopback each write costs tens of µs).
  *
  * Backpressure: when the socket asks to wait (a write answers false), `write` answers a promise that settles
- * once it drains (or the response closes), and the caller waits for it before producing more.
+ * once it drains (or the response closes), and the caller waits for it before producing more. What one turn
+ * gathers is what one turn produces: the events of one read of an upstream's answer, or the local engine's
+ * tokens between two of its pauses.
  */
 import type { ServerResponse } from 'node:http';
 
