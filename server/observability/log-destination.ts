@@ -4,10 +4,10 @@
  * Why: at the default level (`info`) every request logs a line when its response ends. pino's default
  * destination writes each line asynchronously as it comes (sonic-boom, `fs.write` on libuv's thread pool), so
  * a request served alone cost a thread-pool hand-off and its completion on the main thread, right when the
- * next request is arriving: in `bench:ab` (both sides at `LOG_LEVEL=info`, 4 rounds) the JSON-RPC proxy's
- * added p50 read 80 µs lower with the lines gathered (lower in 4 of 4) and the chat upstream adapter's 44 to
- * 53 µs lower (3 of 4); `LOG_LEVEL=warn`, which logs no line per request, read about as much lower than
- * `info` did before (bench/HISTORY.md, twenty-eighth round).
+ * next request is arriving: 62 to 116 µs more JSON-RPC added p50 than at `warn`, which logs no line per
+ * request, and 49 to 63 µs more on the chat upstream adapter. With the lines gathered (`bench:ab`, both sides
+ * at `LOG_LEVEL=info`, 6 rounds): the JSON-RPC proxy's added p50 65 µs lower (in 6 of 6), the adapter's 50 µs
+ * lower (5 of 6), one read system call fewer per request (bench/HISTORY.md, twenty-eighth round).
  *
  * How: lines are appended to a string and handed to pino's own destination (sonic-boom, asynchronous, with
  * its handling of a closed pipe) once `maxBytes` are gathered, or `flushMs` after the first line of a batch,
