@@ -22,7 +22,10 @@ import { pino } from 'pino';
 export type LogDestination = {
   /** pino's destination interface: takes one serialised line (with its newline). */
   write(line: string): boolean;
-  /** Hands what is gathered to the writer now; `done` once it is written. */
+  /**
+   * Hands what is gathered to the writer now; `done` once the writer has it (pino's asynchronous destination
+   * writes it as soon as no write is under way, and calls `done` at once).
+   */
   flush(done?: (error?: Error) => void): void;
   /** Writes what is gathered, and what the writer holds, before returning. */
   flushSync(): void;
