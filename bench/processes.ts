@@ -4,7 +4,7 @@
  * here is recorded, so `stopAll()` (called on success, failure and Ctrl-C) leaves nothing running.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { closeSync, openSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { repoRoot } from '../test/support/contract.ts';
 import { freePort, stopPid } from '../test/support/process.ts';
@@ -83,7 +83,10 @@ async function waitForHttp(url: string, child: ChildProcess, log: () => string, 
  * Starts `node --import tsx <script>` (`node <script>` for a `.mjs` script such as `server/start.mjs`, the
  * server as `npm start` runs it; the process itself, no wrapper: its pid is the server's) with `PORT` set to
  * a free port, and waits until `readyPath` answers. `nodeArgs` go to node before the script (`--import` of
- * a preload, say).
+ * a preload, say). `stdoutFile`: the process's standard output goes to that file, as an operator's
+ * `npm start > server.log` sends it, instead of a pipe that this process reads (at `LOG_LEVEL=info` the server
+ * writes a line per request, and reading them here would take this process's CPU from the load it sends);
+ * `output()` then holds only its standard error.
  */
 export async function startNodeChild(
   name: string,
@@ -91,14 +94,22 @@ export async function startNodeChild(
   env: Record<string, string>,
   readyPath = '/',
   nodeArgs: readonly string[] = [],
+  options: { stdoutFile?: string } = {},
 ): Promise<Child> {
   const port = await freePort();
   const loader = script.endsWith('.mjs') ? [] : ['--import', 'tsx'];
-  const child = spawn(process.execPath, [...nodeArgs, ...loader, join(repoRoot, script)], {
-    cwd: repoRoot,
-    env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '', ...env, PORT: String(port) },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  const stdoutFd = options.stdoutFile === undefined ? undefined : openSync(options.stdoutFile, 'a');
+  let child: ChildProcess;
+  try {
+    child = spawn(process.execPath, [...nodeArgs, ...loader, join(repoRoot, script)], {
+      cwd: repoRoot,
+      env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '', ...env, PORT: String(port) },
+      stdio: ['ignore', stdoutFd ?? 'pipe', 'pipe'],
+    });
+  } finally {
+    // The child has its own copy of the descriptor once spawned.
+    if (stdoutFd !== undefined) closeSync(stdoutFd);
+  }
   const pid = child.pid;
   if (pid === undefined) throw new Error(`${name} did not start`);
   const lines: string[] = [];

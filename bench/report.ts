@@ -95,6 +95,11 @@ export function floors(report: Report): Array<{ measure: string; value: string }
     },
     // Every reservation and capture of one account waits for the one before it to commit (its lock): one key
     // against as many accounts as connections, on PostgreSQL.
+    // The default log level writes a line per request (its standard output to a file): what operators get.
+    {
+      measure: 'chat at LOG_LEVEL=info (the default) / at warn (SQLite)',
+      value: `${fmt((rps('chatInfo') / rps('chatSqlite')) * 100, 1)}%`,
+    },
     {
       measure: 'chat on PostgreSQL, one key / a key per connection',
       value: `${fmt((rps('chatPostgres') / rps('chatPostgresKeys')) * 100, 1)}%`,
@@ -123,6 +128,14 @@ export function floors(report: Report): Array<{ measure: string; value: string }
     {
       measure: 'the same with CHAT_CALL_BEFORE_HOLD=true (off by default)',
       value: ms(added('upstreamAhead', 'upstreamDirectAhead')),
+    },
+    {
+      measure: 'RPC proxy added at LOG_LEVEL=info (the default)',
+      value: ms(added('rpcInfo', 'rpcDirectInfo')),
+    },
+    {
+      measure: 'chat upstream adapter added at LOG_LEVEL=info (the default)',
+      value: ms(added('upstreamInfo', 'upstreamDirectInfo')),
     },
     // Counted, not timed: the load does not move them (WAL frames, sockets).
     {

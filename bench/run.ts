@@ -118,8 +118,9 @@ async function main(): Promise<Report> {
   const floorFile = join(scratch, 'floor.db');
   const bareFile = join(scratch, 'bare.db');
   const aheadUrl = `sqlite:${join(scratch, 'ahead.db')}`;
+  const infoUrl = `sqlite:${join(scratch, 'info.db')}`;
   const walletsUrl = `sqlite:${join(scratch, 'wallets.db')}`;
-  const [sqliteKey, budgetKey, postgresKey, streamsKey, floorKey, bareKey, aheadKey] = [
+  const [sqliteKey, budgetKey, postgresKey, streamsKey, floorKey, bareKey, aheadKey, infoKey] = [
     await fundedKey(sqliteUrl),
     // A spend limit of a million USD a day: checked on every request, never reached.
     await fundedKey(sqliteUrl, 10n ** 15n),
@@ -128,6 +129,7 @@ async function main(): Promise<Report> {
     await fundedKey(`sqlite:${floorFile}`),
     await fundedKey(`sqlite:${bareFile}`),
     await fundedKey(aheadUrl),
+    await fundedKey(infoUrl),
   ];
   // The PostgreSQL chat again with a key (and an account) per connection: what the one key's account lock
   // leaves out (every reservation and capture of an account waits for the one before it to commit).
@@ -182,6 +184,17 @@ async function main(): Promise<Report> {
     serverEnv(aheadUrl, catalogPath, { CHAT_CALL_BEFORE_HOLD: 'true' }),
     '/healthz',
   );
+  // The same on SQLite at the log level operators get by default (`info`: a line per request), its standard
+  // output to a file as `npm start > server.log` sends it; the others run at `warn`, as they did from the
+  // first round. Measured under load and one request at a time beside them.
+  const atInfo = await startNodeChild(
+    'server (SQLite, LOG_LEVEL=info)',
+    SERVER,
+    serverEnv(infoUrl, catalogPath, { ...rpcEnv, LOG_LEVEL: 'info' }),
+    '/healthz',
+    [],
+    { stdoutFile: join(scratch, 'info.log') },
+  );
 
   const api = (server: Child) => `${server.origin}/api/v1`;
   // The chat upstream adapter's request to the upstream itself.
@@ -232,6 +245,12 @@ async function main(): Promise<Report> {
       child: onSqlite,
     },
     {
+      id: 'chatInfo',
+      label: 'chat, local engine, API key, SQLite, LOG_LEVEL=info (the default)',
+      target: localChatTarget(atInfo.origin, infoKey),
+      child: atInfo,
+    },
+    {
       id: 'chatPostgres',
       label: 'chat, local engine, API key, PostgreSQL (full path)',
       target: localChatTarget(onPostgres.origin, postgresKey),
@@ -277,6 +296,12 @@ async function main(): Promise<Report> {
       child: onSqlite,
     },
     {
+      id: 'rpcInfo',
+      label: 'RPC proxy -> anvil, LOG_LEVEL=info (the default)',
+      target: rpcTarget(atInfo.origin, infoKey),
+      child: atInfo,
+    },
+    {
       id: 'rpcPostgres',
       label: 'RPC proxy -> anvil, PostgreSQL',
       target: rpcTarget(onPostgres.origin, postgresKey),
@@ -302,6 +327,12 @@ async function main(): Promise<Report> {
       child: ahead,
     },
     {
+      id: 'upstreamInfo',
+      label: 'chat upstream adapter, LOG_LEVEL=info (the default)',
+      target: adapterTarget(atInfo.origin, infoKey),
+      child: atInfo,
+    },
+    {
       id: 'upstreamDirect',
       label: 'local upstream directly (streamed)',
       target: upstreamItself,
@@ -318,6 +349,9 @@ async function main(): Promise<Report> {
       id: 'upstreamDirectAhead',
       target: upstreamItself,
     },
+    // anvil and the upstream directly again, in turns with the server at LOG_LEVEL=info.
+    { id: 'rpcDirectInfo', target: nodeTarget(anvil.url) },
+    { id: 'upstreamDirectInfo', target: upstreamItself },
     {
       id: 'floorRpc',
       target: { url: `${floor.origin}/rpc`, method: 'POST', headers: json(), body: RPC_BODY },
@@ -343,7 +377,7 @@ async function main(): Promise<Report> {
       throw new Error(`${id}: ${(error as Error).message}`);
     });
     if (
-      (id === 'upstreamProxy' || id === 'upstreamAhead' || id === 'floorUpstream') &&
+      (id === 'upstreamProxy' || id === 'upstreamAhead' || id === 'upstreamInfo' || id === 'floorUpstream') &&
       !body.includes('"content":" bench"')
     ) {
       throw new Error(`${id} did not reach the upstream: ${body.slice(0, 200)}`);
@@ -362,6 +396,9 @@ async function main(): Promise<Report> {
     // In a group of its own, first in its turns as the default is in its own: the target that follows another
     // server's turn reads 0.05 to 0.1 ms slower (nineteenth round, the order swapped).
     ['upstreamAhead', 'upstreamDirectAhead'],
+    // The server at LOG_LEVEL=info, in groups of its own for the same reason.
+    ['rpcInfo', 'rpcDirectInfo'],
+    ['upstreamInfo', 'upstreamDirectInfo'],
   ].map((ids) =>
     ids.map((id) => {
       const target = everyTarget.find((t) => t.id === id)?.target;
@@ -378,6 +415,8 @@ async function main(): Promise<Report> {
     ['upstreamProxy', onSqlite.pid],
     ['floorUpstream', floor.pid],
     ['upstreamAhead', ahead.pid],
+    ['rpcInfo', atInfo.pid],
+    ['upstreamInfo', atInfo.pid],
   ]);
   const countedRuns = new Map<string, ThreadCounters[]>([...countedBy.keys()].map((id) => [id, []]));
   for (let round = 1; round <= settings.rounds; round++) {

@@ -116,6 +116,41 @@ test('behavior: the PostgreSQL chat with one key is a ratio to the same with a k
   expect(row('chat on PostgreSQL, one key / a key per connection', without)).toBe('n/a%');
 });
 
+test('behavior: the server at LOG_LEVEL=info is a ratio to the same chat at warn and an added latency of each proxy', () => {
+  const atInfo: Report = {
+    ...report,
+    rows: [
+      ...report.rows,
+      {
+        id: 'chatInfo',
+        label: 'chat, local engine, API key, SQLite, LOG_LEVEL=info (the default)',
+        rps: 2700,
+        p50Ms: 6,
+        p99Ms: 11,
+        failures: 0,
+        peakRssMb: 240,
+      },
+    ],
+    sequential: {
+      ...report.sequential,
+      rpcInfo: { p50Us: 1100, p99Us: 4600, readsPerRequest: 2, writesPerRequest: 38.3 },
+      rpcDirectInfo: { p50Us: 110, p99Us: 1800 },
+      upstreamInfo: { p50Us: 1500, p99Us: 4700, readsPerRequest: 2, writesPerRequest: 37.9 },
+      upstreamDirectInfo: { p50Us: 125, p99Us: 1200 },
+    },
+  };
+  const row = (start: string, of = atInfo) => floors(of).find((f) => f.measure === start)?.value;
+  expect(row('chat at LOG_LEVEL=info (the default) / at warn (SQLite)')).toBe('90.0%');
+  expect(row('RPC proxy added at LOG_LEVEL=info (the default)')).toBe('p50 0.990 ms, p99 2.800 ms');
+  expect(row('chat upstream adapter added at LOG_LEVEL=info (the default)')).toBe(
+    'p50 1.375 ms, p99 3.500 ms',
+  );
+  expect(renderMarkdown(atInfo)).toContain('| rpcInfo | 1100 | 4600 | 2.0 | 38.3 |');
+  // A report of before the row (or a run without it) says so rather than a number.
+  expect(row('chat at LOG_LEVEL=info (the default) / at warn (SQLite)', report)).toBe('n/a%');
+  expect(row('RPC proxy added at LOG_LEVEL=info (the default)', report)).toBe('p50 n/a ms, p99 n/a ms');
+});
+
 test("behavior: the streams table has the process's first burst (cold) above the measured one (warm)", () => {
   const markdown = renderMarkdown(report);
   expect(markdown).toContain(
