@@ -45,18 +45,80 @@ export type SseParser = {
 };
 
 export function createSseParser(): SseParser {
-  const decoder = new TextDecoder();
+  const decoder = new Utf8Chunks();
   const state: SseState = { buffer: '', data: [], event: '', id: undefined };
   return {
     push(chunk) {
-      state.buffer += decoder.decode(chunk, { stream: true });
+      state.buffer += decoder.text(chunk);
       return dispatch(state, false);
     },
     end() {
-      state.buffer += decoder.decode();
+      state.buffer += decoder.rest();
       return dispatch(state, true);
     },
   };
+}
+
+/**
+ * A UTF-8 byte stream decoded chunk by chunk, as `TextDecoder`'s `decode(chunk, { stream: true })` decodes it,
+ * the same text however the bytes are cut: a character whose bytes a chunk ends in the middle of is held (its
+ * first one to three bytes) and decoded with the next chunk, and a byte-order mark is dropped at the stream's
+ * start only. Each chunk is decoded whole, not in streaming mode: in Node 20 a decoder once asked to stream
+ * leaves its fast path for good, and decodes an upstream's chunk of 1 KB in about 1.2 to 1.8 µs against 0.25.
+ */
+export class Utf8Chunks {
+  // The mark is dropped here, once: a decoder that does not stream would drop it at every chunk's start.
+  private readonly decoder = new TextDecoder('utf-8', { ignoreBOM: true });
+  /** The first bytes of a character the last chunk ended in. */
+  private held: Uint8Array | undefined;
+  /** Whether text has been produced (a byte-order mark after that is a character). */
+  private started = false;
+
+  /** The text `chunk` completes. */
+  text(chunk: Uint8Array): string {
+    let bytes = chunk;
+    if (this.held) {
+      bytes = new Uint8Array(this.held.length + chunk.length);
+      bytes.set(this.held);
+      bytes.set(chunk, this.held.length);
+      this.held = undefined;
+    }
+    const open = incompleteTail(bytes);
+    if (open > 0) {
+      this.held = bytes.slice(bytes.length - open);
+      bytes = bytes.subarray(0, bytes.length - open);
+    }
+    return this.withoutMark(bytes.length === 0 ? '' : this.decoder.decode(bytes));
+  }
+
+  /** At the stream's end: what is held, each incomplete character as U+FFFD. */
+  rest(): string {
+    const held = this.held;
+    this.held = undefined;
+    return held ? this.withoutMark(this.decoder.decode(held)) : '';
+  }
+
+  private withoutMark(text: string): string {
+    if (this.started || text === '') return text;
+    this.started = true;
+    return text.charCodeAt(0) === 0xfeff ? text.slice(1) : text;
+  }
+}
+
+/**
+ * How many bytes at the end of `bytes` begin a character that the bytes after them may complete (0 to 3): a
+ * lead byte and fewer continuation bytes than it announces. Anything else (ASCII, a whole character, bytes no
+ * continuation can make valid) decodes now as it would then.
+ */
+export function incompleteTail(bytes: Uint8Array): number {
+  const n = bytes.length;
+  for (let back = 1; back <= 3 && back <= n; back++) {
+    const b = bytes[n - back] as number;
+    if ((b & 0xc0) === 0x80) continue;
+    const length = b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 1;
+    return length > back ? back : 0;
+  }
+  return 0;
 }
 
 /** What an event stream's reader carries between chunks: the text not yet cut into lines, the event so far. */
