@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `bench/perf.sh chat|rpc|models|upstream [count]` (or any other target of bench/inproc.ts): where one request's
+# CPU goes, by the JavaScript function nearest each sample, with what V8 itself does for it counted in (its
+# builtins and runtime: JSON.parse's C++ parser, a property added by a transition search, an inline-cache
+# miss), which V8's own sampling profiler files elsewhere or not at all. Linux `perf` samples the main thread
+# of bench/inproc.ts (10 kHz, with call chains) over the measured requests only (BENCH_MARKS=1, as
+# instructions.sh), and `node --perf-basic-prof` names the JIT's code. Prints bench/perf-summary.mjs's tables;
+# PERF_FUNCTION=<regex> adds the call paths under the functions it matches (e.g. PERF_FUNCTION='^stream
+# .*openai-compatible'). BENCH_KEEP=dir keeps perf.data and the script's text there. Needs perf; about a minute.
+set -euo pipefail
+target=${1:-chat}
+count=${2:-3000}
+if [ -n "${BENCH_KEEP:-}" ]; then out=$BENCH_KEEP; mkdir -p "$out"; else out=$(mktemp -d); fi
+log="$out/inproc.log"
+runner=''
+recorder=''
+pid=''
+# Whatever happens: perf and the measured process stopped, the JIT's symbol map that --perf-basic-prof writes
+# (/tmp/perf-<pid>.map) removed, and the temporary folder with it.
+cleanup() {
+  if [ -n "$recorder" ]; then kill -INT "$recorder" 2>/dev/null || true; fi
+  if [ -n "$runner" ]; then kill "$runner" 2>/dev/null || true; fi
+  if [ -n "$pid" ]; then rm -f "/tmp/perf-$pid.map"; fi
+  if [ -z "${BENCH_KEEP:-}" ]; then rm -rf "$out"; fi
+}
+trap cleanup EXIT
+BENCH_MARKS=1 BENCH_PROFILE=0 node --perf-basic-prof --import tsx bench/inproc.ts "$target" "$count" >"$log" 2>&1 &
+runner=$!
+wait_for() { until grep -q "BENCH_MARK $1" "$log"; do
+  if ! kill -0 "$runner" 2>/dev/null; then cat "$log" >&2; exit 1; fi
+  sleep 0.2
+done; }
+wait_for start
+pid=$(grep "BENCH_MARK start" "$log" | awk '{print $3}')
+perf record -q -e cpu-clock -F 10000 -g -p "$pid" -o "$out/perf.data" >/dev/null 2>&1 &
+recorder=$!
+sleep 1
+kill -USR2 "$pid"
+wait_for end
+kill -INT "$recorder"
+wait "$recorder" || true
+recorder=''
+kill -USR2 "$pid"
+wait "$runner"
+runner=''
+# The main thread only (its tid is the pid): not V8's compiler and collector threads, nor SQLite's checkpointer.
+perf script -i "$out/perf.data" --tid "$pid" -F ip,sym 2>/dev/null >"$out/perf.txt"
+grep -m1 "^$target" "$log" | sed 's/;.*//'
+node bench/perf-summary.mjs "$out/perf.txt" "$count"
