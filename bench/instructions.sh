@@ -23,15 +23,13 @@ log="$out/inproc.log"
 BENCH_WARMUP=${BENCH_WARMUP:-3000} BENCH_MARKS=1 BENCH_PROFILE=0 valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes --callgrind-out-file="$out/cg.%p" \
   node ${BENCH_NODE_FLAGS:-} --import tsx bench/inproc.ts "$target" "$count" >"$log" 2>&1 &
 runner=$!
-wait_for() { until grep -q "BENCH_MARK $1" "$log"; do
-  if ! kill -0 "$runner" 2>/dev/null; then cat "$log" >&2; exit 1; fi
-  sleep 1
-done; }
-wait_for start
-pid=$(grep "BENCH_MARK start" "$log" | awk '{print $3}')
+# shellcheck source=bench/inproc-marks.sh
+source "$(dirname "$0")/inproc-marks.sh"
+wait_for_mark "$log" "$runner" start
+pid=$(marked_pid "$log")
 callgrind_control -i on "$pid" >/dev/null 2>&1
 kill -USR2 "$pid"
-wait_for end
+wait_for_mark "$log" "$runner" end
 callgrind_control -d "$pid" >/dev/null 2>&1
 kill -USR2 "$pid"
 wait "$runner"

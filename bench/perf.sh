@@ -26,17 +26,15 @@ cleanup() {
 trap cleanup EXIT
 BENCH_MARKS=1 BENCH_PROFILE=0 node --perf-basic-prof --import tsx bench/inproc.ts "$target" "$count" >"$log" 2>&1 &
 runner=$!
-wait_for() { until grep -q "BENCH_MARK $1" "$log"; do
-  if ! kill -0 "$runner" 2>/dev/null; then cat "$log" >&2; exit 1; fi
-  sleep 0.2
-done; }
-wait_for start
-pid=$(grep "BENCH_MARK start" "$log" | awk '{print $3}')
+# shellcheck source=bench/inproc-marks.sh
+source "$(dirname "$0")/inproc-marks.sh"
+wait_for_mark "$log" "$runner" start
+pid=$(marked_pid "$log")
 perf record -q -e cpu-clock -F 10000 -g -p "$pid" -o "$out/perf.data" >/dev/null 2>&1 &
 recorder=$!
 sleep 1
 kill -USR2 "$pid"
-wait_for end
+wait_for_mark "$log" "$runner" end
 kill -INT "$recorder"
 wait "$recorder" || true
 recorder=''
