@@ -85,7 +85,8 @@ export class Utf8Chunks {
     }
     const open = incompleteTail(bytes);
     if (open > 0) {
-      this.held = bytes.slice(bytes.length - open);
+      // A copy: a Node Buffer's `slice` is a view of memory its owner may use again.
+      this.held = Uint8Array.from(bytes.subarray(bytes.length - open));
       bytes = bytes.subarray(0, bytes.length - open);
     }
     return this.withoutMark(bytes.length === 0 ? '' : this.decoder.decode(bytes));

@@ -60,6 +60,14 @@ describe('Utf8Chunks', () => {
     expect(decodeInChunks([encode('ok'), euro.slice(0, 2)]).pieces).toEqual(['ok', '', '\uFFFD']);
   });
 
+  test("behavior: the held bytes are a copy, not a view of the chunk's memory, which its owner may reuse", () => {
+    const decoder = new Utf8Chunks();
+    const chunk = Buffer.from(encode('a€').subarray(0, 3)); // 'a', then E2 82 of the euro sign
+    expect(decoder.text(chunk)).toBe('a');
+    chunk.fill(0);
+    expect(decoder.text(Uint8Array.of(0xac))).toBe('€');
+  });
+
   test('behavior: the byte-order mark is dropped at the stream start only, also when its bytes come in pieces', () => {
     const mark = encode('\uFEFFa\uFEFF');
     expect(decodeInChunks([mark.slice(0, 1), mark.slice(1, 2), mark.slice(2)]).text).toBe('a\uFEFF');
