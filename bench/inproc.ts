@@ -24,12 +24,11 @@ import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import Sqlite from 'better-sqlite3';
 import pg from 'pg';
-import { pino } from 'pino';
 import { createApp } from '../server/app.ts';
 import { loadConfig } from '../server/config.ts';
 import { createHttpServer } from '../server/http/server.ts';
 import { createLogDestination } from '../server/observability/log-destination.ts';
-import { REDACT } from '../server/observability/redact.ts';
+import { createLogger } from '../server/observability/logger.ts';
 import { createServices } from '../server/services.ts';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
@@ -79,8 +78,8 @@ let recording: string[] | undefined;
 // BENCH_LOG_LEVEL (default `warn`): the server's logger as server/main.ts makes it (redaction, lines written in
 // batches) at that level, its lines to a file in the scratch folder; `info`, the default of `npm start`, logs a
 // line per response.
-const logger = pino(
-  { level: config.logLevel, redact: { paths: REDACT, censor: '[redacted]' } },
+const logger = createLogger(
+  config.logLevel,
   createLogDestination({ fd: openSync(join(scratch, 'server.log'), 'a') }),
 );
 const services = await createServices(config, logger, {

@@ -157,7 +157,7 @@ export function createApp(deps: AppDeps): App {
 
   // Each response's line, by a child of the logger without its redaction: the line's fields (the request id,
   // method, path, status, operation, duration) are primitives none of whose names the logger redacts
-  // (observability/redact.ts), so redaction could change nothing in it, and passing it over cost about 3 µs
+  // (observability/logger.ts), so redaction could change nothing in it, and passing it over cost about 3 µs
   // a line (the same bytes; test/unit/request-log.test.ts).
   const responseLog = logger.child({}, { redact: { paths: [] } });
 

@@ -8,7 +8,6 @@ import cluster from 'node:cluster';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { setFlagsFromString } from 'node:v8';
-import { pino } from 'pino';
 import { createApp } from './app.ts';
 import { bootstrap } from './bootstrap.ts';
 import { superviseWorkers } from './cluster.ts';
@@ -17,7 +16,7 @@ import { answerClientErrors } from './http/client-errors.ts';
 import { pollWhileServing } from './http/idle-poll.ts';
 import { createHttpServer } from './http/server.ts';
 import { createLogDestination } from './observability/log-destination.ts';
-import { REDACT } from './observability/redact.ts';
+import { createLogger } from './observability/logger.ts';
 import { createServices, type Services } from './services.ts';
 
 // V8's heap sizing: after a full GC the old generation grows to 1.3x its live data instead of up to 4x.
@@ -39,10 +38,7 @@ try {
 
 // Lines gathered and written a batch at a time, not one thread-pool write per request (observability/log-destination.ts).
 const logDestination = createLogDestination();
-const logger = pino(
-  { level: config.logLevel, redact: { paths: REDACT, censor: '[redacted]' } },
-  logDestination,
-);
+const logger = createLogger(config.logLevel, logDestination);
 const primary = cluster.isPrimary && config.workers > 1;
 const services = await createServices(config, logger).catch((error: unknown) => {
   logger.fatal({ err: error }, 'start-up failed');

@@ -1,19 +1,15 @@
 /**
  * Each response's log line (server/app.ts): written by a child of the logger without its redaction, it has
  * the bytes the redacting logger would have written for it (its fields are primitives none of whose names the
- * logger redacts, observability/redact.ts), and it says which request it was: the `CF-RAY` id, method, path,
+ * logger redacts, observability/logger.ts), and it says which request it was: the `CF-RAY` id, method, path,
  * status, operation and duration.
  */
-import { pino } from 'pino';
 import { afterAll, beforeAll, expect, test, vi } from 'vitest';
-import { REDACT } from '../../server/observability/redact.ts';
+import { createLogger } from '../../server/observability/logger.ts';
 import { startTestApp, type TestApp } from '../support/app.ts';
 
 const lines: string[] = [];
-const logger = pino(
-  { level: 'info', redact: { paths: REDACT, censor: '[redacted]' } },
-  { write: (line: string) => void lines.push(line) },
-);
+const logger = createLogger('info', { write: (line: string) => void lines.push(line) });
 let app: TestApp;
 beforeAll(async () => {
   app = await startTestApp({ logger });
