@@ -206,13 +206,12 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   const cached = cachingStatements(sqlite);
   const dialect = observed(new ImmediateSqliteDialect({ database: cached }), options.onQuery);
   const db = new Kysely<Tables>({ dialect });
-  // A compiled statement run as Kysely's SQLite driver runs it (same cache, same result), without its steps.
+  // A compiled statement run as Kysely's SQLite driver runs it (same result), without its steps; a reader's
+  // rows as arrays made into objects by its own row function (directStatements).
+  const runDirect = directStatements(sqlite, cached);
   const direct: DirectStatement = <R>(query: CompiledQuery<R>): QueryResult<R> => {
     options.onQuery?.(query.sql);
-    const statement = cached.prepare(query.sql);
-    if (statement.reader) return { rows: statement.all(query.parameters) as R[] };
-    const { changes, lastInsertRowid } = statement.run(query.parameters);
-    return { numAffectedRows: BigInt(changes), insertId: BigInt(lastInsertRowid), rows: [] };
+    return runDirect(query.sql, query.parameters) as QueryResult<R>;
   };
   // A commit group's own statements (BEGIN, COMMIT, ROLLBACK, its savepoints) go straight to the connection
   // the group holds, each prepared once.
@@ -531,6 +530,85 @@ function cachingStatements(
       return statement;
     },
   } as unknown as SqliteDialectConfig['database'] & { prepare(sqlText: string): SqliteDatabase.Statement };
+}
+
+/**
+ * How the statements run straight on the connection (`direct`: the hot statements, a group's transaction)
+ * are run, by SQL text, each made once. A writer: the cached statement's `run`, as Kysely's driver. A reader:
+ * a twin of its statement that returns each row as an array (better-sqlite3's raw mode), and a function made
+ * once for its columns that turns that array into the object Kysely's driver would have returned, the same
+ * keys in the same order, built by one object literal. Better-sqlite3's own rows cost, per column, a lookup
+ * of its name in V8's string table and a search of the object's hidden-class transitions; in `perf` that was
+ * 22 µs of a sequential chat's 1.28 ms (bench/HISTORY.md, thirtieth round). Bounded as the statement cache
+ * is: the texts of query builders' statements can vary.
+ */
+function directStatements(
+  sqlite: SqliteDatabase.Database,
+  cached: { prepare(sqlText: string): SqliteDatabase.Statement },
+): (sqlText: string, parameters: readonly unknown[]) => QueryResult<unknown> {
+  const runners = new Map<string, (parameters: readonly unknown[]) => QueryResult<unknown>>();
+  const runnerOf = (sqlText: string) => {
+    const statement = cached.prepare(sqlText);
+    if (!statement.reader) {
+      return (parameters: readonly unknown[]): QueryResult<unknown> => {
+        const { changes, lastInsertRowid } = statement.run(parameters);
+        return { numAffectedRows: BigInt(changes), insertId: BigInt(lastInsertRowid), rows: [] };
+      };
+    }
+    const arrays = sqlite.prepare(sqlText).raw(true);
+    let width = 0;
+    let row: (values: unknown[]) => object = () => ({});
+    const describe = () => {
+      const names = arrays.columns().map((column) => column.name);
+      width = names.length;
+      row = rowFunction(names);
+    };
+    describe();
+    return (parameters: readonly unknown[]): QueryResult<unknown> => {
+      const rows = arrays.all(parameters) as unknown[][];
+      // SQLite prepares a statement again when the schema changed (another connection's migration): a
+      // `select *` may then return other columns. A row of another width has its names read again.
+      if (rows.length > 0 && (rows[0] as unknown[]).length !== width) describe();
+      const objects: unknown[] = new Array(rows.length);
+      for (let i = 0; i < rows.length; i++) objects[i] = row(rows[i] as unknown[]);
+      return { rows: objects };
+    };
+  };
+  return (sqlText, parameters) => {
+    let runner = runners.get(sqlText);
+    if (!runner) {
+      runner = runnerOf(sqlText);
+      if (runners.size >= STATEMENT_CACHE_SIZE) {
+        const oldest = runners.keys().next().value;
+        if (oldest !== undefined) runners.delete(oldest);
+      }
+      runners.set(sqlText, runner);
+    }
+    return runner(parameters);
+  };
+}
+
+/** Names that an object literal takes as plain own keys. */
+const PLAIN_KEY = /^[A-Za-z_$][A-Za-z0-9_$]*$/;
+
+/**
+ * What turns a row's values into the object better-sqlite3 would have made for these column names: the same
+ * keys, in the same order, a repeated name keeping its last value. For plain names, one object literal
+ * (`(values) => ({ name0: values[0], … })`: one hidden class, made by V8 once); otherwise (a name that is not
+ * an identifier, or `__proto__`, which a literal may not name twice) the values assigned one by one, as
+ * better-sqlite3 sets them.
+ */
+export function rowFunction(names: readonly string[]): (values: unknown[]) => object {
+  if (names.every((name) => PLAIN_KEY.test(name) && name !== '__proto__')) {
+    const fields = names.map((name, i) => `${name}: values[${i}]`).join(', ');
+    return new Function('values', `return { ${fields} };`) as (values: unknown[]) => object;
+  }
+  const keys = [...names];
+  return (values) => {
+    const row: Record<string, unknown> = {};
+    for (let i = 0; i < keys.length; i++) row[keys[i] as string] = values[i];
+    return row;
+  };
 }
 
 /** The dialect unchanged, or with every statement its driver sends reported to `onQuery` first. */
