@@ -24,9 +24,9 @@ cleanup() {
   if [ -z "${BENCH_KEEP:-}" ]; then rm -rf "$out"; fi
 }
 trap cleanup EXIT
-# --perf-basic-prof turns V8's log on too: without a log file of its own it writes an isolate-*.log per thread
-# into the working folder.
-BENCH_MARKS=1 BENCH_PROFILE=0 node --perf-basic-prof --no-logfile-per-isolate --logfile=/dev/null --import tsx bench/inproc.ts "$target" "$count" >"$log" 2>&1 &
+# --perf-basic-prof turns V8's log on too: without a file of its own (in the temporary folder) it writes an
+# isolate-*.log per thread into the working folder.
+BENCH_MARKS=1 BENCH_PROFILE=0 node --perf-basic-prof --no-logfile-per-isolate --logfile="$out/v8.log" --import tsx bench/inproc.ts "$target" "$count" >"$log" 2>&1 &
 runner=$!
 # shellcheck source=bench/inproc-marks.sh
 source "$(dirname "$0")/inproc-marks.sh"

@@ -4,9 +4,15 @@
  * out of the way, as the benchmark does), loads it with autocannon for PROFILE_SECONDS (default 20), stops it
  * by its pid and leaves the `.cpuprofile` in outDir (default bench/results/profile) for Chrome DevTools or
  * `node bench/profile-summary.mjs <outDir>`.
+ *
+ * PROFILE_PERF=1: Linux `perf` instead of V8's profiler (as bench/perf.sh does for one request at a time, but
+ * under load, where commits are shared and the framework's share grows): the server runs with
+ * `--perf-basic-prof`, is loaded for PROFILE_WARMUP_SECONDS (default 3) first, then sampled at 10 kHz with
+ * call chains over the measured load; its main thread's samples are summed by bench/perf-summary.mjs, per
+ * request answered (PERF_FUNCTION and PERF_TOP as there). `perf.txt` stays in outDir.
  */
-import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
+import { closeSync, mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import autocannon from 'autocannon';
@@ -25,27 +31,32 @@ writeFileSync(catalogPath, catalogOverride('http://127.0.0.1:9'));
 const key = await fundedKey(url);
 const anvil = target === 'rpc' ? await startAnvil() : undefined;
 const port = await freePort();
-const child = spawn(
-  process.execPath,
-  ['--cpu-prof', `--cpu-prof-dir=${outDir}`, '--import', 'tsx', 'server/main.ts'],
-  {
-    cwd: repoRoot,
-    stdio: 'inherit',
-    env: {
-      PATH: process.env.PATH ?? '',
-      NODE_ENV: 'production',
-      LOG_LEVEL: 'warn',
-      DATABASE_URL: url,
-      PORT: String(port),
-      SERVICE_CONFIG: catalogPath,
-      VIDEO_WORKER_ENABLED: 'false',
-      RPC_REQUESTS_PER_MINUTE: '1000000000',
-      RPC_CREDITS_PER_DAY: '1000000000000',
-      ...(anvil ? { RPC_UPSTREAM_BASE_MAINNET: anvil.url } : {}),
-    },
+const withPerf = process.env.PROFILE_PERF === '1';
+const warmupSeconds = Number(process.env.PROFILE_WARMUP_SECONDS ?? 3);
+mkdirSync(outDir, { recursive: true });
+// --perf-basic-prof turns V8's log on too: given no file of its own (here in the scratch folder) it writes
+// isolate-*.log files into the working folder.
+const profiler = withPerf
+  ? ['--perf-basic-prof', '--no-logfile-per-isolate', `--logfile=${join(scratch, 'v8.log')}`]
+  : ['--cpu-prof', `--cpu-prof-dir=${outDir}`];
+const child = spawn(process.execPath, [...profiler, '--import', 'tsx', 'server/main.ts'], {
+  cwd: repoRoot,
+  stdio: 'inherit',
+  env: {
+    PATH: process.env.PATH ?? '',
+    NODE_ENV: 'production',
+    LOG_LEVEL: 'warn',
+    DATABASE_URL: url,
+    PORT: String(port),
+    SERVICE_CONFIG: catalogPath,
+    VIDEO_WORKER_ENABLED: 'false',
+    RPC_REQUESTS_PER_MINUTE: '1000000000',
+    RPC_CREDITS_PER_DAY: '1000000000000',
+    ...(anvil ? { RPC_UPSTREAM_BASE_MAINNET: anvil.url } : {}),
   },
-);
+});
 const pid = child.pid;
+let recorder: ChildProcess | undefined;
 try {
   if (pid === undefined) throw new Error('the server did not start');
   for (let i = 0; ; i++) {
@@ -56,34 +67,79 @@ try {
     await new Promise((r) => setTimeout(r, 200));
   }
   const base = `http://127.0.0.1:${port}/api/v1`;
-  const result = await autocannon(
-    target === 'models'
-      ? { url: `${base}/models`, connections: 8, duration: seconds }
-      : target === 'rpc'
-        ? {
-            url: `${base}/crypto/rpc/base-mainnet`,
-            method: 'POST',
-            headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
-            body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'eth_blockNumber', params: [] }),
-            connections: 8,
-            duration: seconds,
-          }
-        : {
-            url: `${base}/chat/completions`,
-            method: 'POST',
-            headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
-            body: JSON.stringify({
-              model: 'llama-3.3-70b',
-              messages: [{ role: 'user', content: 'Say hello to the benchmark.' }],
-              max_tokens: 16,
-            }),
-            connections: 8,
-            duration: seconds,
-          },
-  );
+  const load = (duration: number) =>
+    autocannon(
+      target === 'models'
+        ? { url: `${base}/models`, connections: 8, duration: seconds }
+        : target === 'rpc'
+          ? {
+              url: `${base}/crypto/rpc/base-mainnet`,
+              method: 'POST',
+              headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
+              body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'eth_blockNumber', params: [] }),
+              connections: 8,
+              duration,
+            }
+          : {
+              url: `${base}/chat/completions`,
+              method: 'POST',
+              headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
+              body: JSON.stringify({
+                model: 'llama-3.3-70b',
+                messages: [{ role: 'user', content: 'Say hello to the benchmark.' }],
+                max_tokens: 16,
+              }),
+              connections: 8,
+              duration,
+            },
+    );
+  if (withPerf) await load(warmupSeconds);
+  recorder = withPerf ? startPerf(pid, join(outDir, 'perf.data')) : undefined;
+  const result = await load(seconds);
+  if (recorder) await stopPerf(recorder);
+  recorder = undefined;
   console.log(`${target}: ${result.requests.average} req/s, ${result.non2xx} non-2xx; profile in ${outDir}`);
+  if (withPerf) summarisePerf(pid, outDir, result.requests.total);
 } finally {
+  if (recorder) await stopPerf(recorder);
   if (pid !== undefined) await stopPid(pid, 10_000);
+  if (withPerf && pid !== undefined) rmSync(`/tmp/perf-${pid}.map`, { force: true });
   await anvil?.stop();
   rmSync(scratch, { recursive: true, force: true });
+}
+
+/** `perf record` of the process's threads, call chains at 10 kHz, into `file`. */
+function startPerf(pid: number, file: string): ChildProcess {
+  return spawn(
+    'perf',
+    ['record', '-q', '-e', 'cpu-clock', '-F', '10000', '-g', '-p', String(pid), '-o', file],
+    {
+      stdio: 'ignore',
+    },
+  );
+}
+
+/** Stops the recording (SIGINT: perf writes its file out) and waits for it. */
+function stopPerf(recorder: ChildProcess): Promise<void> {
+  return new Promise((resolve) => {
+    if (recorder.exitCode !== null || recorder.signalCode !== null) return resolve();
+    recorder.once('exit', () => resolve());
+    recorder.kill('SIGINT');
+  });
+}
+
+/** The main thread's samples (its tid is the pid) as text, summed by bench/perf-summary.mjs per request. */
+function summarisePerf(pid: number, outDir: string, requests: number) {
+  const text = join(outDir, 'perf.txt');
+  const out = openSync(text, 'w');
+  try {
+    spawnSync('perf', ['script', '-i', join(outDir, 'perf.data'), '--tid', String(pid), '-F', 'ip,sym'], {
+      stdio: ['ignore', out, 'ignore'],
+    });
+  } finally {
+    closeSync(out);
+  }
+  spawnSync(process.execPath, [join(repoRoot, 'bench', 'perf-summary.mjs'), text, String(requests)], {
+    stdio: 'inherit',
+  });
 }
