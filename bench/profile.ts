@@ -130,6 +130,10 @@ function stopPerf(recorder: ChildProcess): Promise<void> {
 
 /** The main thread's samples (its tid is the pid) as text, summed by bench/perf-summary.mjs per request. */
 function summarisePerf(pid: number, outDir: string, requests: number) {
+  // One name per JIT address, the newest (V8 reuses collected code's memory: perf-map.mjs).
+  spawnSync(process.execPath, [join(repoRoot, 'bench', 'perf-map.mjs'), `/tmp/perf-${pid}.map`], {
+    stdio: 'inherit',
+  });
   const text = join(outDir, 'perf.txt');
   const out = openSync(text, 'w');
   try {
