@@ -7,7 +7,7 @@ import { hostname } from 'node:os';
 import { z } from 'zod';
 import { RPC_NETWORK_SLUGS, upstreamListSchema, upstreamVariable } from './domains/rpc/networks.ts';
 import { IDLE_POLL_US } from './http/idle-poll.ts';
-import { ACCOUNT_CONCURRENCY } from './storage/account-gate.ts';
+import { ACCOUNT_CONCURRENCY, BATCH_MAX } from './storage/account-gate.ts';
 import { CHECKPOINT_INTERVAL_MS } from './storage/database.ts';
 
 const bool = z
@@ -30,6 +30,7 @@ const variables = z.object({
     .default('sqlite:./data/service.db'),
   DATABASE_PREPARED_STATEMENTS: bool.default(true),
   DATABASE_ACCOUNT_CONCURRENCY: z.coerce.number().int().min(0).max(1_000).default(ACCOUNT_CONCURRENCY),
+  DATABASE_ACCOUNT_BATCH: z.coerce.number().int().min(1).max(100).default(BATCH_MAX),
   SQLITE_CHECKPOINT_INTERVAL_MS: z.coerce
     .number()
     .int()
@@ -125,6 +126,7 @@ const schema = variables.transform((env) => ({
   databasePreparedStatements: env.DATABASE_PREPARED_STATEMENTS,
   /** PostgreSQL: this process's statements that lock one account's row at the database at once; 0: no limit. */
   databaseAccountConcurrency: env.DATABASE_ACCOUNT_CONCURRENCY,
+  databaseAccountBatch: env.DATABASE_ACCOUNT_BATCH,
   /** SQLite: how often the checkpointer thread copies the WAL into the database file. */
   sqliteCheckpointIntervalMs: env.SQLITE_CHECKPOINT_INTERVAL_MS,
   serviceConfigPath: env.SERVICE_CONFIG,

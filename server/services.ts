@@ -91,6 +91,7 @@ export async function createServices(
   const database = await createDatabase(config.databaseUrl, {
     preparedStatements: config.databasePreparedStatements,
     accountConcurrency: config.databaseAccountConcurrency,
+    accountBatch: config.databaseAccountBatch,
     checkpointIntervalMs: config.sqliteCheckpointIntervalMs,
     ...options.database,
   });

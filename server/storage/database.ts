@@ -30,7 +30,13 @@ import {
 } from 'kysely';
 import pg from 'pg';
 import { extend } from '../objects.ts';
-import { ACCOUNT_CONCURRENCY, type AccountGate, createAccountGate } from './account-gate.ts';
+import {
+  ACCOUNT_CONCURRENCY,
+  type AccountGate,
+  BATCH_MAX,
+  BatchUndone,
+  createAccountGate,
+} from './account-gate.ts';
 import { StorageConfigError, StorageError } from './errors.ts';
 import {
   type DirectStatement,
@@ -79,10 +85,11 @@ export type Database = {
   noteChange?(): void;
   /**
    * PostgreSQL, unless CreateDatabaseOptions.accountConcurrency is 0: runs a statement that locks the
-   * account's row (a hold, a capture) once fewer than that many of this process's are at the database
+   * account's row (a hold, a capture) once fewer than that many of this process's are at the database, on the
+   * executor it is given: the database, or the transaction of the account's statements that waited together
    * (account-gate.ts).
    */
-  forAccountRow?: AccountGate;
+  forAccountRow?: AccountGate<Kysely<Tables>>;
 };
 
 /**
@@ -127,6 +134,11 @@ export type CreateDatabaseOptions = {
    * once (default ACCOUNT_CONCURRENCY; 0: no limit). See account-gate.ts.
    */
   accountConcurrency?: number;
+  /**
+   * PostgreSQL: at most how many of one account's holds and captures that waited for a place go together in
+   * one transaction (default BATCH_MAX; 1: each alone). See account-gate.ts.
+   */
+  accountBatch?: number;
 };
 
 export type ParsedDatabaseUrl =
@@ -295,7 +307,48 @@ function openPostgres(connectionString: string, options: CreateDatabaseOptions):
   });
   const database = wrap(db, 'postgres', prepares);
   const perAccount = options.accountConcurrency ?? ACCOUNT_CONCURRENCY;
-  return perAccount > 0 ? extend(database, { forAccountRow: createAccountGate(perAccount) }) : database;
+  if (perAccount === 0) return database;
+  const batch = options.accountBatch ?? BATCH_MAX;
+  const forAccountRow = createAccountGate<Kysely<Tables>>(
+    perAccount,
+    { alone: db, together: batch > 1 ? (fns) => together(db, fns) : undefined },
+    batch,
+  );
+  return extend(database, { forAccountRow });
+}
+
+/**
+ * PostgreSQL: `fns` in order, in one transaction on one connection, committed once (account-gate.ts
+ * `BatchRunner.together`): BatchUndone, with nothing kept, when BEGIN or one of them fails (after a ROLLBACK)
+ * or when the COMMIT rolled back; any other error of the COMMIT as it is (its outcome unknown to us).
+ */
+function together<R>(db: Kysely<Tables>, fns: Array<(q: Kysely<Tables>) => Promise<R>>): Promise<R[]> {
+  return db.connection().execute(async (connection) => {
+    const results: R[] = [];
+    try {
+      await sql`begin`.execute(connection);
+      for (const fn of fns) results.push(await fn(connection));
+    } catch (error) {
+      await sql`rollback`.execute(connection).catch(() => undefined);
+      throw new BatchUndone(error);
+    }
+    try {
+      await sql`commit`.execute(connection);
+    } catch (error) {
+      throw error instanceof CommitRolledBack ? new BatchUndone(error) : error;
+    }
+    return results;
+  });
+}
+
+/**
+ * A COMMIT that PostgreSQL answered with ROLLBACK: the transaction had failed (a statement's error that its
+ * caller caught), and nothing of it was kept. PostgreSQL reports no error for it; this pool does.
+ */
+export class CommitRolledBack extends Error {
+  constructor() {
+    super('COMMIT rolled the transaction back: a statement of it had failed');
+  }
 }
 
 /**
@@ -321,7 +374,13 @@ function lastResults(pool: pg.Pool, named: boolean): PostgresPool {
             const name = named && parameters?.length ? preparedName(text) : undefined;
             return (
               name ? client.query({ name, text, values: parameters }) : client.query(text, parameters)
-            ).then((result) => last(result));
+            ).then((result) => {
+              const answer = last(result);
+              // A COMMIT of a failed transaction is answered ROLLBACK, without an error: made one here.
+              if (text === 'commit' && (answer as { command?: string }).command === 'ROLLBACK')
+                throw new CommitRolledBack();
+              return answer;
+            });
           }) as PostgresPoolClient['query'],
           // pg-pool gives the client a new `release` at every checkout: looked up when called.
           release: () => client.release(),

@@ -557,9 +557,15 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   /** SQLite's change stamp (Database.changeStamp); none on PostgreSQL. */
   const changeStamp = database.changeStamp;
   const { db, dialect } = database;
-  // PostgreSQL: a statement that locks the account's row waits for its place (Database.forAccountRow).
-  const atAccountRow = <T>(accountId: string, fn: () => Promise<T>): Promise<T> =>
-    database.forAccountRow ? database.forAccountRow(accountId, fn) : fn();
+  // PostgreSQL: a statement that locks the account's row waits for its place (Database.forAccountRow), and
+  // runs on the executor given: the database, or, `batchable`, the transaction of the account's statements
+  // that waited together. A batchable `fn` is one statement on that executor that lets every database error
+  // through (account-gate.ts).
+  const atAccountRow = <T>(
+    accountId: string,
+    fn: (q: Kysely<Tables>) => Promise<T>,
+    batchable: boolean,
+  ): Promise<T> => (database.forAccountRow ? database.forAccountRow(accountId, fn, batchable) : fn(db));
   const { now, randomId } = resolveOptions(options);
 
   // lockAccount's statement (PostgreSQL: FOR UPDATE; SQLite's transaction holds the write lock already).
@@ -1130,6 +1136,19 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
           + ${amount} <= k.limit_usd_nano))`;
   }
 
+  /** Whether reserveAtOnce's hold for a key believed to have a spend limit (checked in the statement). */
+  function keyLimited(input: ReserveInput, apiKeyId: string | null): boolean {
+    return apiKeyId !== null && input.keySpendLimited === true;
+  }
+
+  /**
+   * Whether reserveAtOnce holds with its one prepared statement on the executor it is given; otherwise with
+   * a script after the account's lock (a key with a spend limit, a caller's writes) on a connection of its own.
+   */
+  function holdsInOneStatement(input: ReserveInput, apiKeyId: string | null, writes?: EmbeddedWrite[]) {
+    return !writes?.length && !keyLimited(input, apiKeyId);
+  }
+
   /**
    * PostgreSQL: a reservation that draws on free USD only (no DIEM stake on the account; the key charged, if
    * any, belongs to it and has no spend limit) as one statement sent on its own. Its update of the account row
@@ -1140,7 +1159,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
    * the driver's round trips, it no longer bounds an account's requests per second to a few of them per event
    * loop delay. It answers with the account's USD credit as the hold found it (the balance before the
    * request). Undefined when a condition does not hold: nothing was written, and the transaction of
-   * `reserveIn` decides (DIEM, spend limits, the errors).
+   * `reserveIn` decides (DIEM, spend limits, the errors). The one statement runs on `q`: the database, or the
+   * transaction of the account's holds and captures that waited together (account-gate.ts); the scripts
+   * below, on a connection of their own.
    *
    * For a key believed to have a spend limit (`keySpendLimited`), the hold's condition also checks the USD
    * limit as `reserveIn` does (the key's spend since its period's first UTC day, from api_key_spend_days, plus
@@ -1157,6 +1178,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
    * NULL, NOT NULL fails the statement and PostgreSQL undoes the script.
    */
   async function reserveAtOnce(
+    q: Executor,
     input: ReserveInput,
     apiKeyId: string | null,
     at: number,
@@ -1166,7 +1188,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     const amount = sql`cast(${reservation.usdNano} as bigint)`;
     // A key believed to have a spend limit: the limit checked in the statement, which must then start after
     // the account's lock (the script): the spend and the held reservations it sums are written under that lock.
-    const limited = apiKeyId !== null && input.keySpendLimited === true;
+    const limited = keyLimited(input, apiKeyId);
     const keyCondition =
       apiKeyId === null
         ? sql`true`
@@ -1197,8 +1219,8 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       before: { usdNano: row.usd_balance_nano, diemNano: 0n },
       availableNano: row.usd_available_nano,
     });
-    if (shape === UNGUARDED && !limited) {
-      const [row] = (await db.executeQuery(prepared(hold.compile(db)))).rows;
+    if (holdsInOneStatement(input, apiKeyId, writes)) {
+      const [row] = (await q.executeQuery(prepared(hold.compile(db)))).rows;
       return row && held(row);
     }
     const lock = sql`select 1 from accounts where id = ${reservation.accountId} for update`;
@@ -1436,8 +1458,13 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     const epochDay = epochDayOf(at);
     const apiKeyId = input.apiKeyId ?? null;
     if (dialect === 'postgres' && (!within || within.embedded)) {
-      const reserved = await atAccountRow(input.accountId, () =>
-        reserveAtOnce(input, apiKeyId, at, within?.embedded?.writes),
+      const writes = within?.embedded?.writes;
+      // Batchable when it is one prepared statement (reserveAtOnce): not the script of a key with a spend
+      // limit or of a caller's writes, which runs on a connection of its own.
+      const reserved = await atAccountRow(
+        input.accountId,
+        (q) => reserveAtOnce(q, input, apiKeyId, at, writes),
+        holdsInOneStatement(input, apiKeyId, writes),
       );
       if (reserved) return extend(reserved, { within: within?.embedded?.result });
     }
@@ -1904,8 +1931,10 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
                   await within(trx);
                   return written;
                 })
-              : await atAccountRow(reservation.accountId, () =>
-                  captureAtOnce(db, reservation, split, at, within?.embedded),
+              : await atAccountRow(
+                  reservation.accountId,
+                  (q) => captureAtOnce(q, reservation, split, at, within?.embedded),
+                  true,
                 );
           return captured(split, entries);
         } catch (error) {

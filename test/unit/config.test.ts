@@ -21,6 +21,13 @@ describe('loadConfig', () => {
     expect(loadConfig({ DATABASE_PREPARED_STATEMENTS: 'false' }).databasePreparedStatements).toBe(false);
   });
 
+  test('behavior: DATABASE_ACCOUNT_BATCH is a whole number from 1 (each statement alone) to 100, 8 by default', () => {
+    expect(loadConfig({}).databaseAccountBatch).toBe(8);
+    expect(loadConfig({ DATABASE_ACCOUNT_BATCH: '1' }).databaseAccountBatch).toBe(1);
+    for (const bad of ['0', '2.5', 'many', '101'])
+      expect(() => loadConfig({ DATABASE_ACCOUNT_BATCH: bad })).toThrow(/DATABASE_ACCOUNT_BATCH/);
+  });
+
   test('behavior: DATABASE_ACCOUNT_CONCURRENCY is a whole number from 0 (no limit), 3 by default', () => {
     expect(loadConfig({}).databaseAccountConcurrency).toBe(3);
     expect(loadConfig({ DATABASE_ACCOUNT_CONCURRENCY: '0' }).databaseAccountConcurrency).toBe(0);
