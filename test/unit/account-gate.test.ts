@@ -100,45 +100,47 @@ const statement = (log: string[], name: string, failOn?: string) => async (q: st
   return `${name}:${q}`;
 };
 
-test('behavior: the batchable statements waiting when a place frees go together, in arrival order, up to the batch size; a lone one runs alone', async () => {
+/**
+ * A gate of one place per account, its place taken by a statement that ends when `release` is awaited: what is
+ * asked for meanwhile waits, and goes when `release` frees the place.
+ */
+function occupiedGate(outcome: { commitError?: Error } = {}, batchMax?: number) {
   const log: string[] = [];
-  const gate = createAccountGate(1, recordingRunner(log), 3);
-  let release!: () => void;
-  const first = gate(
-    'acct',
-    () => new Promise<string>((resolve) => (release = () => resolve('first'))),
-    true,
-  );
+  const gate = createAccountGate(1, recordingRunner(log, outcome), batchMax);
+  let finish!: () => void;
+  const first = gate('acct', () => new Promise<void>((resolve) => (finish = resolve)), true);
+  const release = async () => {
+    finish();
+    await first;
+  };
+  return { log, gate, release };
+}
+
+test('behavior: the batchable statements waiting when a place frees go together, in arrival order, up to the batch size; a lone one runs alone', async () => {
+  const { log, gate, release } = occupiedGate({}, 3);
   const waiting = ['a', 'b', 'c', 'd'].map((name) => gate('acct', statement(log, name), true));
   expect(log).toEqual([]);
-  release();
-  expect(await Promise.all([first, ...waiting])).toEqual(['first', 'a:trx', 'b:trx', 'c:trx', 'd:db']);
+  await release();
+  expect(await Promise.all(waiting)).toEqual(['a:trx', 'b:trx', 'c:trx', 'd:db']);
   // a, b and c waited together (the batch size is 3); d was then alone.
   expect(log).toEqual(['begin 3', 'a@trx', 'b@trx', 'c@trx', 'commit', 'd@db']);
 });
 
 test('behavior: a statement that is not batchable runs alone in its turn and ends the batch before it', async () => {
-  const log: string[] = [];
-  const gate = createAccountGate(1, recordingRunner(log));
-  let release!: () => void;
-  const first = gate('acct', () => new Promise<void>((resolve) => (release = resolve)), true);
+  const { log, gate, release } = occupiedGate();
   const results = [
     gate('acct', statement(log, 'a'), true),
     gate('acct', statement(log, 'b'), true),
     gate('acct', statement(log, 'script'), false),
     gate('acct', statement(log, 'c'), true),
   ];
-  release();
-  await first;
+  await release();
   expect(await Promise.all(results)).toEqual(['a:trx', 'b:trx', 'script:db', 'c:db']);
   expect(log).toEqual(['begin 2', 'a@trx', 'b@trx', 'commit', 'script@db', 'c@db']);
 });
 
 test('fault: a statement failing in a batch undoes it; each statement then runs alone, and each caller gets its own answer', async () => {
-  const log: string[] = [];
-  const gate = createAccountGate(1, recordingRunner(log));
-  let release!: () => void;
-  const first = gate('acct', () => new Promise<void>((resolve) => (release = resolve)), true);
+  const { log, gate, release } = occupiedGate();
   const results = [
     gate('acct', statement(log, 'a'), true),
     // Fails in the batch only: alone it answers.
@@ -153,23 +155,18 @@ test('fault: a statement failing in a batch undoes it; each statement then runs 
       true,
     ),
   ].map((p) => p.then(String, (error: Error) => `error: ${error.message}`));
-  release();
-  await first;
+  await release();
   expect(await Promise.all(results)).toEqual(['a:db', 'b:db', 'error: c refused']);
   expect(log).toEqual(['begin 3', 'a@trx', 'b@trx', 'rollback', 'a@db', 'b@db', 'c@db']);
 });
 
 test('fault: a commit that fails fails every statement of the batch with its error, none run again', async () => {
-  const log: string[] = [];
   const lost = new Error('connection lost during COMMIT');
-  const gate = createAccountGate(1, recordingRunner(log, { commitError: lost }));
-  let release!: () => void;
-  const first = gate('acct', () => new Promise<void>((resolve) => (release = resolve)), true);
+  const { log, gate, release } = occupiedGate({ commitError: lost });
   const results = ['a', 'b'].map((name) =>
     gate('acct', statement(log, name), true).then(String, (error: Error) => error),
   );
-  release();
-  await first;
+  await release();
   expect(await Promise.all(results)).toEqual([lost, lost]);
   expect(log).toEqual(['begin 2', 'a@trx', 'b@trx']);
   // The lane is free again.
