@@ -43,9 +43,5 @@ recorder=''
 kill -USR2 "$pid"
 wait "$runner"
 runner=''
-# One name per JIT address, the newest (V8 reuses collected code's memory: bench/perf-map.mjs).
-node "$(dirname "$0")/perf-map.mjs" "/tmp/perf-$pid.map"
-# The main thread only (its tid is the pid): not V8's compiler and collector threads, nor SQLite's checkpointer.
-perf script -i "$out/perf.data" --tid "$pid" -F ip,sym 2>/dev/null >"$out/perf.txt"
 grep -m1 "^$target" "$log" | sed 's/;.*//'
-node bench/perf-summary.mjs "$out/perf.txt" "$count"
+bash "$(dirname "$0")/perf-report.sh" "$pid" "$out/perf.data" "$out/perf.txt" "$count"

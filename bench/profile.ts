@@ -12,7 +12,7 @@
  * request answered (PERF_FUNCTION and PERF_TOP as there). `perf.txt` stays in outDir.
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { closeSync, mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import autocannon from 'autocannon';
@@ -67,32 +67,28 @@ try {
     await new Promise((r) => setTimeout(r, 200));
   }
   const base = `http://127.0.0.1:${port}/api/v1`;
-  const load = (duration: number) =>
-    autocannon(
-      target === 'models'
-        ? { url: `${base}/models`, connections: 8, duration: seconds }
-        : target === 'rpc'
-          ? {
-              url: `${base}/crypto/rpc/base-mainnet`,
-              method: 'POST',
-              headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
-              body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'eth_blockNumber', params: [] }),
-              connections: 8,
-              duration,
-            }
-          : {
-              url: `${base}/chat/completions`,
-              method: 'POST',
-              headers: { 'content-type': 'application/json', authorization: `Bearer ${key}` },
-              body: JSON.stringify({
-                model: 'llama-3.3-70b',
-                messages: [{ role: 'user', content: 'Say hello to the benchmark.' }],
-                max_tokens: 16,
-              }),
-              connections: 8,
-              duration,
-            },
-    );
+  const headers = { 'content-type': 'application/json', authorization: `Bearer ${key}` };
+  const request =
+    target === 'models'
+      ? { url: `${base}/models` }
+      : target === 'rpc'
+        ? {
+            url: `${base}/crypto/rpc/base-mainnet`,
+            method: 'POST' as const,
+            headers,
+            body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'eth_blockNumber', params: [] }),
+          }
+        : {
+            url: `${base}/chat/completions`,
+            method: 'POST' as const,
+            headers,
+            body: JSON.stringify({
+              model: 'llama-3.3-70b',
+              messages: [{ role: 'user', content: 'Say hello to the benchmark.' }],
+              max_tokens: 16,
+            }),
+          };
+  const load = (duration: number) => autocannon({ ...request, connections: 8, duration });
   if (withPerf) await load(warmupSeconds);
   recorder = withPerf ? startPerf(pid, join(outDir, 'perf.data')) : undefined;
   const result = await load(seconds);
@@ -128,22 +124,9 @@ function stopPerf(recorder: ChildProcess): Promise<void> {
   });
 }
 
-/** The main thread's samples (its tid is the pid) as text, summed by bench/perf-summary.mjs per request. */
+/** The main thread's samples summed per request (bench/perf-report.sh, as perf.sh does). */
 function summarisePerf(pid: number, outDir: string, requests: number) {
-  // One name per JIT address, the newest (V8 reuses collected code's memory: perf-map.mjs).
-  spawnSync(process.execPath, [join(repoRoot, 'bench', 'perf-map.mjs'), `/tmp/perf-${pid}.map`], {
-    stdio: 'inherit',
-  });
-  const text = join(outDir, 'perf.txt');
-  const out = openSync(text, 'w');
-  try {
-    spawnSync('perf', ['script', '-i', join(outDir, 'perf.data'), '--tid', String(pid), '-F', 'ip,sym'], {
-      stdio: ['ignore', out, 'ignore'],
-    });
-  } finally {
-    closeSync(out);
-  }
-  spawnSync(process.execPath, [join(repoRoot, 'bench', 'perf-summary.mjs'), text, String(requests)], {
-    stdio: 'inherit',
-  });
+  const script = join(repoRoot, 'bench', 'perf-report.sh');
+  const args = [String(pid), join(outDir, 'perf.data'), join(outDir, 'perf.txt'), String(requests)];
+  spawnSync('bash', [script, ...args], { stdio: 'inherit' });
 }

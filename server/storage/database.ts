@@ -615,19 +615,17 @@ function directStatements(
       };
     }
     const arrays = sqlite.prepare(sqlText).raw(true);
-    let width = 0;
-    let row: (values: unknown[]) => object = () => ({});
     const describe = () => {
       const names = arrays.columns().map((column) => column.name);
-      width = names.length;
-      row = rowFunction(names);
+      return { width: names.length, row: rowFunction(names) };
     };
-    describe();
+    let shape = describe();
     return (parameters: readonly unknown[]): QueryResult<unknown> => {
       const rows = arrays.all(parameters) as unknown[][];
       // SQLite prepares a statement again when the schema changed (another connection's migration): a
       // `select *` may then return other columns. A row of another width has its names read again.
-      if (rows.length > 0 && (rows[0] as unknown[]).length !== width) describe();
+      if (rows.length > 0 && (rows[0] as unknown[]).length !== shape.width) shape = describe();
+      const { row } = shape;
       const objects: unknown[] = new Array(rows.length);
       for (let i = 0; i < rows.length; i++) objects[i] = row(rows[i] as unknown[]);
       return { rows: objects };
