@@ -34,7 +34,7 @@ import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
 import { countedLatencies, type ThreadCounters } from './counters.ts';
 import { median, type Target, throughput } from './measure.ts';
-import { type Child, cleanUpOnInterrupt, startNodeChild, stopAll, track } from './processes.ts';
+import { type Child, cleanUpOnInterrupt, startFlags, startNodeChild, stopAll, track } from './processes.ts';
 import {
   adapterTarget,
   catalogOverride,
@@ -246,7 +246,11 @@ async function main(): Promise<void> {
         // Its standard output to a file, as the harness's server at LOG_LEVEL=info writes it (processes.ts).
         const stdoutFile = join(scratch, `${side}-${startedFirst}.log`);
         return {
-          child: await startNodeChild(`server ${side}`, script, env, '/healthz', [], { stdoutFile }),
+          child: await startNodeChild(`server ${side}`, script, env, '/healthz', [], {
+            stdoutFile,
+            // Each side as its own `npm start` runs it.
+            flags: startFlags(side === 'A' ? tree : repoRoot),
+          }),
           key,
         };
       };

@@ -65,6 +65,27 @@ function statusField(pid: number, field: string): number {
   }
 }
 
+/**
+ * The node flags `npm start` gives the server: the words between `node` and the script in the `start` script
+ * of `<root>/package.json` (`--use-largepages=silent`). The harness starts every node process of its own (the
+ * servers, the ceiling, the floors, the local upstream) with them, so that the server runs as an operator runs
+ * it and the processes it is measured against run on the same terms; `bench:ab` reads each side's own
+ * `package.json`. The in-process tools (inproc.ts, and perf.sh and instructions.sh over it) do not use them:
+ * Node's code moved to large pages is anonymous memory, where `perf` finds no symbols.
+ */
+export function startFlags(root: string = repoRoot): string[] {
+  const manifest = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as {
+    scripts?: Record<string, string>;
+  };
+  const words = (manifest.scripts?.start ?? '').trim().split(/\s+/);
+  if (words[0] !== 'node' || words.at(-1) !== 'server/start.mjs') {
+    throw new Error(
+      `package.json's start script is not "node [flags] server/start.mjs": ${manifest.scripts?.start}`,
+    );
+  }
+  return words.slice(1, -1);
+}
+
 async function waitForHttp(url: string, child: ChildProcess, log: () => string, timeoutMs: number) {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
@@ -80,10 +101,10 @@ async function waitForHttp(url: string, child: ChildProcess, log: () => string, 
 }
 
 /**
- * Starts `node --import tsx <script>` (`node <script>` for a `.mjs` script such as `server/start.mjs`, the
- * server as `npm start` runs it; the process itself, no wrapper: its pid is the server's) with `PORT` set to
- * a free port, and waits until `readyPath` answers. `nodeArgs` go to node before the script (`--import` of
- * a preload, say). `stdoutFile`: the process's standard output goes to that file, as an operator's
+ * Starts `node <flags> --import tsx <script>` (`node <flags> <script>` for a `.mjs` script such as
+ * `server/start.mjs`, the server as `npm start` runs it; the process itself, no wrapper: its pid is the
+ * server's) with `PORT` set to a free port, and waits until `readyPath` answers. `<flags>` are `npm start`'s
+ * (`startFlags`; `options.flags` for another tree's), then `nodeArgs` (`--import` of a preload, say). `stdoutFile`: the process's standard output goes to that file, as an operator's
  * `npm start > server.log` sends it, instead of a pipe that this process reads (at `LOG_LEVEL=info` the server
  * writes a line per request, and reading them here would take this process's CPU from the load it sends);
  * `output()` then holds only its standard error.
@@ -94,14 +115,15 @@ export async function startNodeChild(
   env: Record<string, string>,
   readyPath = '/',
   nodeArgs: readonly string[] = [],
-  options: { stdoutFile?: string } = {},
+  options: { stdoutFile?: string; flags?: readonly string[] } = {},
 ): Promise<Child> {
   const port = await freePort();
   const loader = script.endsWith('.mjs') ? [] : ['--import', 'tsx'];
   const stdoutFd = options.stdoutFile === undefined ? undefined : openSync(options.stdoutFile, 'a');
   let child: ChildProcess;
   try {
-    child = spawn(process.execPath, [...nodeArgs, ...loader, join(repoRoot, script)], {
+    const flags = options.flags ?? startFlags();
+    child = spawn(process.execPath, [...flags, ...nodeArgs, ...loader, join(repoRoot, script)], {
       cwd: repoRoot,
       env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '', ...env, PORT: String(port) },
       stdio: ['ignore', stdoutFd ?? 'pipe', 'pipe'],
