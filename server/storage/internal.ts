@@ -275,6 +275,10 @@ export function compiledOnce<Row, A extends unknown[]>(
 
 const rowsOf = <Row>(result: QueryResult<Row>): Row[] => result.rows;
 
+/** Whether a statement without RETURNING (`compiledOnceResult`) changed any row. */
+export const changedAny = (result: { numAffectedRows?: bigint }): boolean =>
+  (result.numAffectedRows ?? 0n) > 0n;
+
 /**
  * `compiledOnce` answering the whole result: for a statement without RETURNING, what it changed
  * (`numAffectedRows`) and, for an insert on SQLite, the last rowid it gave (`insertId`).

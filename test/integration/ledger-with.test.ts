@@ -133,7 +133,7 @@ describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
     const minute = minuteOf(accountId, take.minuteLimit ?? 1_000);
     const input = { subject: accountId, credits: take.credits, limit: take.limit };
     const within = async (trx: Parameters<ReserveWithin<number>>[0]) => {
-      if (!(await repositories.limits.hit(minute, trx)).allowed) throw new Error('minute');
+      if (!(await repositories.limits.count(minute, trx))) throw new Error('minute');
       const taken = await repositories.credits.takeIn(trx, input);
       if (!taken.allowed) throw new Error('capped');
       return taken.bucketMs;
@@ -284,6 +284,38 @@ describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
     // A day after the first take its bucket has left the window.
     nowMs = Date.UTC(2026, 0, 16, 12, 0, 30);
     expect(await credits.used(account.id, nowMs)).toBe(30);
+  });
+
+  test('behavior: the credit take and its give-back write without reading anything back (no RETURNING)', async () => {
+    // On SQLite a RETURNING statement runs through an ephemeral table of its own; what a statement changed
+    // tells these whether they wrote. Run as the proxy's SQLite path runs them (PostgreSQL embeds the take in
+    // the reservation's round trip instead: ReserveWithin.embedded).
+    const account = await fundedAccount(USD);
+    const take = (amount: number) =>
+      database.transaction((trx) =>
+        credits.takeIn(trx, { subject: account.id, credits: amount, limit: 100 }),
+      );
+    sent.length = 0;
+    const taken = await take(70);
+    if (!taken.allowed) throw new Error('the take was refused');
+    expect(await take(31)).toMatchObject({ allowed: false, used: 70 });
+    // Given back: what the bucket holds; more than it holds changes neither it nor its hour.
+    await credits.giveBack({ subject: account.id, bucketMs: taken.bucketMs, credits: 20 });
+    expect(await credits.used(account.id, nowMs)).toBe(50);
+    await credits.giveBack({ subject: account.id, bucketMs: taken.bucketMs, credits: 51 });
+    expect(await credits.used(account.id, nowMs)).toBe(50);
+    const hours = await database.db
+      .selectFrom('rpc_credit_hours')
+      .select('credits')
+      .where('subject', '=', account.id)
+      .execute();
+    expect(hours.map((row) => Number(row.credits))).toEqual([50]);
+    const writes = sent.filter((text) =>
+      /^(insert|update)\b.*"rpc_credit_(usage|hours)"/is.test(text.trim()),
+    );
+    // The take's bucket and hour, the refused take's bucket, the give-backs' buckets and the first one's hour.
+    expect(writes).toHaveLength(6);
+    for (const text of writes) expect(text).not.toMatch(/\breturning\b/i);
   });
 
   test('behavior: a capture of a reservation no longer held changes nothing, its caller statements included', async () => {

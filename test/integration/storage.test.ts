@@ -1618,6 +1618,74 @@ describe.each(engines)('storage on %s', (engine, open) => {
       expect((await limits.peek({ bucket: 'key:a:RPM', windowMs: 60_000, limit: 3, now: T0 })).used).toBe(0);
     });
 
+    test('behavior: count counts as hit does and answers only whether it did; refused gives a refusal its figures', async () => {
+      const input = (now: number, cost = 1) => ({
+        bucket: 'key:count:RPM',
+        windowMs: 60_000,
+        limit: 3,
+        cost,
+        now,
+      });
+      const windowStart = Math.floor(T0 / 60_000) * 60_000;
+      const next = windowStart + 60_000;
+      expect(await limits.count(input(T0))).toBe(true);
+      expect(await limits.count(input(T0 + 1, 2))).toBe(true);
+      expect(await limits.count(input(T0 + 2))).toBe(false);
+      // More than the limit: refused without a write (an insert would count a first hit unconditionally).
+      expect(await limits.count(input(next, 4))).toBe(false);
+      expect(await limits.refused(input(T0 + 3))).toEqual({
+        allowed: false,
+        used: 3,
+        remaining: 0,
+        limit: 3,
+        resetAtMs: next,
+      });
+      const peek = (now: number) => limits.peek({ bucket: 'key:count:RPM', windowMs: 60_000, limit: 3, now });
+      expect((await peek(T0)).used).toBe(3);
+      expect((await peek(next)).used).toBe(0);
+      // In a transaction: undone with it.
+      const undone = database.transaction(async (trx) => {
+        expect(await limits.count(input(next), trx)).toBe(true);
+        throw new Error('the reservation failed');
+      });
+      await expect(undone).rejects.toThrow('the reservation failed');
+      expect((await peek(next)).used).toBe(0);
+      expect(await limits.count(input(next))).toBe(true);
+      expect((await peek(next)).used).toBe(1);
+    });
+
+    test('behavior: count reads nothing back (no RETURNING: on SQLite an ephemeral table per run)', async () => {
+      const sent: string[] = [];
+      const watched = await createDatabase(opened.url, { onQuery: (text) => sent.push(text) });
+      try {
+        const counted = await createRateLimits(watched, clock).count({
+          bucket: 'key:quiet:RPM',
+          windowMs: 60_000,
+          limit: 5,
+          now: T0,
+        });
+        expect(counted).toBe(true);
+        const statements = sent.filter((text) => text.includes('"rate_limit_counters"'));
+        expect(statements).toHaveLength(1);
+        expect(statements[0]).not.toMatch(/\breturning\b/i);
+      } finally {
+        await watched.close();
+      }
+    });
+
+    test('behavior: 60 concurrent counts from two instances on a limit of 25 count exactly 25', async () => {
+      const otherLimits = other ? createRateLimits(other, clock) : limits;
+      const results = await Promise.all(
+        Array.from({ length: 60 }, (_, i) =>
+          (i % 2 ? otherLimits : limits).count({ bucket: 'key:c:RPM', windowMs: 60_000, limit: 25, now: T0 }),
+        ),
+      );
+      expect(results.filter(Boolean)).toHaveLength(25);
+      expect((await limits.peek({ bucket: 'key:c:RPM', windowMs: 60_000, limit: 25, now: T0 })).used).toBe(
+        25,
+      );
+    });
+
     test('behavior: 60 concurrent hits from two instances on a limit of 25 admit exactly 25', async () => {
       const otherLimits = other ? createRateLimits(other, clock) : limits;
       const results = await Promise.all(

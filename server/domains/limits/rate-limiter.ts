@@ -94,7 +94,7 @@ export function createRateLimiter(deps: RateLimiterDeps) {
       now: now(),
     };
     const count: TokenCount = async (runner) => {
-      await deps.rateLimits.hit(input, runner);
+      await deps.rateLimits.count(input, runner);
     };
     const embedded = deps.rateLimits.hitAlong(input);
     if (embedded) count.embedded = embedded;

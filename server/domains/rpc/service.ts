@@ -80,8 +80,9 @@ export function createRpcService(deps: RpcServiceDeps) {
    */
   async function admitMinute(principal: Principal, trx: Transaction<Tables>): Promise<void> {
     const at = now();
-    const hit = await deps.rateLimits.hit(minuteHit(principal, at), trx);
-    if (hit.allowed) return;
+    const minute = minuteHit(principal, at);
+    if (await deps.rateLimits.count(minute, trx)) return;
+    const hit = await deps.rateLimits.refused(minute, trx);
     const staff = limits.staffAccounts.has(principal.accountId);
     const retryAfter = Math.max(1, Math.ceil((hit.resetAtMs - at) / 1000));
     throw new ApiError(429, 'Rate limit exceeded', {
