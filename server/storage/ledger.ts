@@ -707,11 +707,16 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
         usd_reserved_nano: eb('usd_reserved_nano', '-', releasedNano),
       }))
       .where('id', '=', accountId);
-  /** settleUsd, with the balances after: for a reservation already claimed. */
-  const settleClaimedAccount = compiledOnce((chargedNano: bigint, releasedNano: bigint, accountId: string) =>
-    settleUsd(chargedNano, releasedNano, accountId).returning(['usd_balance_nano', 'diem_stake_nano']),
-  );
   const settleAccount = compiledOnce(settleUsd);
+  /**
+   * The balances an account's settlement left, read by a statement of their own on SQLite: an UPDATE with
+   * RETURNING runs through an ephemeral table there, a B-tree with a page cache of its own opened and closed
+   * on every run, about 18,000 instructions against a few thousand for this read (bench/HISTORY.md,
+   * thirty-first round).
+   */
+  const selectSettled = compiledOnce((accountId: string) =>
+    db.selectFrom('accounts').select(['usd_balance_nano', 'diem_stake_nano']).where('id', '=', accountId),
+  );
 
   const selectBalance = compiledOnce(balanceQuery(db));
 
@@ -1958,9 +1963,8 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
           );
           if (claim.numAffectedRows !== 1n) return refuseClaim(trx, reservation.id);
           row = claimedAs(reservation);
-          [account] = settlesUsd
-            ? await settleClaimedAccount(trx, usdCharged, reservation.usdNano, reservation.accountId)
-            : [await lockAccount(trx, reservation.accountId)];
+          if (settlesUsd) await settleAccount(trx, usdCharged, reservation.usdNano, reservation.accountId);
+          [account] = await selectSettled(trx, reservation.accountId);
           if (!account) throw new NotFoundError('account', reservation.accountId);
         } else {
           // The account row first, as every writer locks it: here by the update that settles the USD figures.
