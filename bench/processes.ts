@@ -104,10 +104,11 @@ async function waitForHttp(url: string, child: ChildProcess, log: () => string, 
  * Starts `node <flags> --import tsx <script>` (`node <flags> <script>` for a `.mjs` script such as
  * `server/start.mjs`, the server as `npm start` runs it; the process itself, no wrapper: its pid is the
  * server's) with `PORT` set to a free port, and waits until `readyPath` answers. `<flags>` are `npm start`'s
- * (`startFlags`; `options.flags` for another tree's), then `nodeArgs` (`--import` of a preload, say). `stdoutFile`: the process's standard output goes to that file, as an operator's
- * `npm start > server.log` sends it, instead of a pipe that this process reads (at `LOG_LEVEL=info` the server
- * writes a line per request, and reading them here would take this process's CPU from the load it sends);
- * `output()` then holds only its standard error.
+ * (`startFlags`; `options.flags` for another tree's), then `nodeArgs` (`--import` of a preload, say).
+ * `stdoutFile`: the process's standard output goes to that file, as an operator's `npm start > server.log`
+ * sends it, instead of a pipe that this process reads (at `LOG_LEVEL=info` the server writes a line per
+ * request, and reading them here would take this process's CPU from the load it sends); `output()` then holds
+ * only its standard error.
  */
 export async function startNodeChild(
   name: string,
