@@ -8,19 +8,21 @@
  * on its own (about 100 µs alone here, a third of them its commit).
  */
 import type { Database } from './database.ts';
-import { compiledOnce, type RepositoryOptions, resolveOptions } from './internal.ts';
+import { changedAny, compiledOnceResult, type RepositoryOptions, resolveOptions } from './internal.ts';
 
 export type SiwxNoncesRepository = ReturnType<typeof createSiwxNonces>;
 
 export function createSiwxNonces(database: Database, options: RepositoryOptions = {}) {
   const { db } = database;
   const { now } = resolveOptions(options);
-  const insert = compiledOnce((address: string, nonce: string, expiresAtMs: number, createdAtMs: number) =>
-    db
-      .insertInto('siwx_nonces')
-      .values({ address, nonce, expires_at_ms: expiresAtMs, created_at_ms: createdAtMs })
-      .onConflict((oc) => oc.columns(['address', 'nonce']).doNothing())
-      .returning('nonce'),
+  // Whether it inserted is what it changed: no RETURNING, which SQLite runs through an ephemeral table
+  // (bench/HISTORY.md, thirty-first round).
+  const insert = compiledOnceResult(
+    (address: string, nonce: string, expiresAtMs: number, createdAtMs: number) =>
+      db
+        .insertInto('siwx_nonces')
+        .values({ address, nonce, expires_at_ms: expiresAtMs, created_at_ms: createdAtMs })
+        .onConflict((oc) => oc.columns(['address', 'nonce']).doNothing()),
   );
   return {
     /**
@@ -32,7 +34,7 @@ export function createSiwxNonces(database: Database, options: RepositoryOptions 
       const inserted = await database.write((runner) =>
         insert(runner, input.address, input.nonce, input.expiresAtMs, at),
       );
-      return inserted.length > 0;
+      return changedAny(inserted);
     },
 
     /** Drops nonces whose messages can no longer be accepted; returns how many. */

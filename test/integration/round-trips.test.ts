@@ -124,6 +124,17 @@ function transactions(statements: string[]): string[][] {
   return found;
 }
 
+/**
+ * The statements with RETURNING, by their first words. On SQLite a RETURNING statement runs through an
+ * ephemeral table of its own (bench/HISTORY.md, thirty-first round): the hot paths use it only where they read
+ * the rows back (`readBack`; PostgreSQL's statements are not checked: no ephemeral tables there, and its
+ * one-statement writes guard with RETURNING).
+ */
+const returning = (statements: string[]) =>
+  statements.filter((s) => /\breturning\b/i.test(s)).map((s) => s.split(' (')[0]);
+// SQLite: what reads rows back is the chat's admission (its counts: the `x-ratelimit-remaining-*` headers).
+const ADMISSION = ['insert into "rate_limit_counters"'];
+
 // PostgreSQL, a reservation with the caller's writes: the script of the lock and one statement (reserveAtOnce).
 // So is a reservation for a key with a spend limit (the hold checks the limit, after the lock).
 // The statement after the lock is a prepared one (SQL-level: `execute`), prepared by a connection's first call.
@@ -161,21 +172,31 @@ const engines = [
       alone: 0,
       limitedReserve: [5],
       limitedTotal: 16,
+      readBack: ADMISSION,
     },
-    rpc: { total: 15, commits: 2, reserve: [6], capture: [5], alone: 0 },
+    rpc: { total: 15, commits: 2, reserve: [6], capture: [5], alone: 0, readBack: [] as string[] },
     // A wallet-paid chat: the nonce, the slot (its lock the read of the balance for the admission minimum,
     // then count, insert), the chat's statements (without a key), the balance for `X-Balance-Remaining`, the
     // slot freed.
-    wallet: { total: 21, commits: 3 },
+    wallet: { total: 21, commits: 3, readBack: ADMISSION },
   },
   {
     name: 'PostgreSQL',
     url: () => postgres().createDatabase('round_trips'),
-    chat: { total: 3, commits: 0, reserve: [], capture: [], alone: 2, limitedReserve: [], limitedTotal: 3 },
-    rpc: { total: 2, commits: 0, reserve: [], capture: [], alone: 2 },
+    chat: {
+      total: 3,
+      commits: 0,
+      reserve: [],
+      capture: [],
+      alone: 2,
+      limitedReserve: [],
+      limitedTotal: 3,
+      readBack: undefined,
+    },
+    rpc: { total: 2, commits: 0, reserve: [], capture: [], alone: 2, readBack: undefined },
     // The same, the slot taken with the balance for the admission minimum in one round trip (the script of
     // the lock and one statement).
-    wallet: { total: 7, commits: 0 },
+    wallet: { total: 7, commits: 0, readBack: undefined },
   },
 ];
 
@@ -247,6 +268,7 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
     }
     expect(statements.filter((s) => s === 'commit')).toHaveLength(chatShape.commits);
     expect(statements.length, statements.join('\n')).toBe(chatShape.total);
+    if (chatShape.readBack) expect(returning(statements)).toEqual(chatShape.readBack);
     expect(server.compiled).toEqual([]);
   });
 
@@ -321,6 +343,7 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
     );
     expect(statements.filter((s) => s === 'commit')).toHaveLength(rpcShape.commits);
     expect(statements.length, statements.join('\n')).toBe(rpcShape.total);
+    if (rpcShape.readBack) expect(returning(statements)).toEqual(rpcShape.readBack);
     expect(server.compiled).toEqual([]);
   });
 
@@ -357,6 +380,7 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
     expect(byAddress(second)).toEqual([]);
     expect(second.filter((s) => s === 'commit')).toHaveLength(wallet.commits);
     expect(second.length, second.join('\n')).toBe(wallet.total);
+    if (wallet.readBack) expect(returning(second)).toEqual(wallet.readBack);
     expect(server.compiled).toEqual([]);
   });
 });
