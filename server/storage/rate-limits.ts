@@ -193,7 +193,12 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
   }
 
   type HitPlan = ReturnType<typeof planHit>;
-  const hitResult = ({ limit, resetAtMs }: HitPlan, used: number, allowed: boolean): HitResult => ({
+  /** A window's figures as every answer gives them (`hit`, `admit`, `peek`). */
+  const hitResult = (
+    { limit, resetAtMs }: { limit: number; resetAtMs: number },
+    used: number,
+    allowed: boolean,
+  ): HitResult => ({
     allowed,
     used,
     remaining: Math.max(0, limit - used),
@@ -324,19 +329,12 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       });
       if (new Set(windows.map((w) => w.bucket)).size !== windows.length)
         throw new InvalidInputError('windows', 'windows must name distinct buckets');
-      const result = (window: (typeof windows)[number], used: number, allowed: boolean): HitResult => ({
-        allowed,
-        used,
-        remaining: Math.max(0, window.limit - used),
-        limit: window.limit,
-        resetAtMs: window.resetAtMs,
-      });
       // Nothing can fit in some window: answer without writing (an insert would count unconditionally).
       if (windows.some((w) => w.cost > w.cap)) {
         const results = [];
         for (const window of windows) {
           const used = await current(window.bucket, window.start);
-          results.push(result(window, used, used + window.cost <= window.cap));
+          results.push(hitResult(window, used, used + window.cost <= window.cap));
         }
         return { allowed: false, windows: results };
       }
@@ -350,19 +348,19 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       const rows = await database.write((runner) => countAll(ordered.length)(runner, ...values));
       const counted = new Map(rows.map((row) => [row.bucket, toNumber(row.used)]));
       if (counted.size === windows.length)
-        return { allowed: true, windows: windows.map((w) => result(w, counted.get(w.bucket) ?? 0, true)) };
+        return { allowed: true, windows: windows.map((w) => hitResult(w, counted.get(w.bucket) ?? 0, true)) };
       // Refused: take the request out of the windows that counted it, one row at a time (no lock waits on
       // a second row while one is held).
       const results = [];
       for (const window of windows) {
         const used = counted.get(window.bucket);
         if (used === undefined) {
-          results.push(result(window, await current(window.bucket, window.start), false));
+          results.push(hitResult(window, await current(window.bucket, window.start), false));
         } else if (window.cost === 0) {
-          results.push(result(window, used, true));
+          results.push(hitResult(window, used, true));
         } else {
           const [row] = await uncount(db, window.bucket, window.start, window.cost);
-          results.push(result(window, row ? toNumber(row.used) : used - window.cost, true));
+          results.push(hitResult(window, row ? toNumber(row.used) : used - window.cost, true));
         }
       }
       return { allowed: false, windows: results };
@@ -374,7 +372,7 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       const limit = positiveInteger('limit', input.limit, true);
       const { start, resetAtMs } = windowOf(windowMs, input.now ?? now());
       const used = await current(input.bucket, start);
-      return { allowed: used < limit, used, remaining: Math.max(0, limit - used), limit, resetAtMs };
+      return hitResult({ limit, resetAtMs }, used, used < limit);
     },
 
     /** Deletes counters of windows that started before `beforeMs`; returns how many. */
