@@ -9,6 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { type Document, isMap, isNode, isScalar, isSeq, LineCounter, parseDocument } from 'yaml';
 import type { z } from 'zod';
 import type { ModelType } from '../../generated/api.d.ts';
+import { yamlValues } from '../yaml-values.ts';
 import {
   type CatalogFile,
   type CharacterEntry,
@@ -106,7 +107,9 @@ function parseSource(source: CatalogSource): ParsedSource | { problems: string[]
     };
   }
   const locate = locator(source.path, doc, lineCounter);
-  const data: unknown = doc.toJS({ maxAliasCount: 1000 }) ?? {};
+  // The strings one byte a character where they fit, whatever else the file has: model ids and names go into
+  // every answer (yaml-values.ts).
+  const data: unknown = yamlValues(doc, { maxAliasCount: 1000 }) ?? {};
   const result = catalogFileSchema.safeParse(data);
   if (!result.success)
     return { problems: result.error.issues.flatMap((issue) => describeIssue(issue, locate)) };
