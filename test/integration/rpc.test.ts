@@ -290,9 +290,14 @@ describe('POST /crypto/rpc/{network}: batches, prices and headers', () => {
     ['eth_blockNumber', 'robinhood-mainnet', 25, '0.00001750'],
   ])('behavior: %s on %s costs %i credits (%s USD)', async (method, network, credits, cost) => {
     const before = await balance();
+    const sentAt = Date.now();
     const answer = await post(network, call(method));
     expect(answer.status).toBe(200);
     expect(answer.json).toMatchObject({ jsonrpc: '2.0', id: 1 });
+    // Time-ordered: its first 12 hex digits are the millisecond it was made (random-hex.ts timeOrderedHex).
+    const madeAt = Number.parseInt(answer.headers.get('x-request-id')?.slice(0, 12) ?? '', 16);
+    expect(madeAt).toBeGreaterThanOrEqual(sentAt);
+    expect(madeAt).toBeLessThanOrEqual(Date.now());
     expect(answer.json).toHaveProperty('result');
     expect(answer.headers.get('content-type')).toMatch(/^application\/json/);
     expect(answer.headers.get('x-service-rpc-credits')).toBe(String(credits));

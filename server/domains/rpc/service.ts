@@ -10,7 +10,7 @@ import type { Transaction } from 'kysely';
 import type { components } from '../../../generated/api.d.ts';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
-import { randomHex } from '../../http/random-hex.ts';
+import { timeOrderedHex } from '../../http/random-hex.ts';
 import type { AbortLike } from '../../http/request-abort.ts';
 import { formatUsdFixed } from '../../money.ts';
 import { extend } from '../../objects.ts';
@@ -197,7 +197,8 @@ export function createRpcService(deps: RpcServiceDeps) {
     signal: AbortLike | undefined,
   ): Promise<RpcCallResult> {
     const subject = principal.accountId;
-    const requestId = randomHex(16);
+    // Time-ordered: the ledger appends its entries to the account's last leaf of the request index.
+    const requestId = timeOrderedHex(16);
     const worstNano = BigInt(plan.worstCase) * price;
     // Also when the worst case is free (a zero price): the reservation's account lock serialises the count.
     const { reservation, within: bucketMs } = await deps.charges.reserveWith(
