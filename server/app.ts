@@ -451,8 +451,11 @@ function sentQueryNames(url: string): Set<string> {
   return new Set(new URLSearchParams(url.slice(at + 1, hash < 0 ? undefined : hash)).keys());
 }
 
-/** JSON of the bodies that are shared and frozen (the model lists): serialised once, not per request. */
-const serializedBodies = new WeakMap<object, string>();
+/**
+ * JSON of the bodies that are shared and frozen (the model lists): serialised once, not per request, and kept
+ * as its UTF-8 bytes, which the socket takes as they are (a string is measured and encoded on every write).
+ */
+const serializedBodies = new WeakMap<object, Buffer>();
 
 async function writeReply(
   res: ServerResponse & Response,
@@ -487,11 +490,11 @@ async function writeReply(
     res.status(status).json(body);
     return;
   }
-  let text: string | undefined;
+  let text: string | Buffer | undefined;
   if (body && typeof body === 'object' && Object.isFrozen(body)) {
     text = serializedBodies.get(body);
     if (text === undefined) {
-      text = JSON.stringify(body);
+      text = Buffer.from(JSON.stringify(body));
       serializedBodies.set(body, text);
     }
   } else {

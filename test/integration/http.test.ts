@@ -299,7 +299,10 @@ describe('CORS and compression', () => {
 
   test('behavior: without response validation a shared frozen body (the model list) is the same JSON bytes each time, compressed only when asked', async () => {
     // Without response validation (production), a frozen body's JSON is reused across requests.
-    const data = Array.from({ length: 200 }, (_, i) => Object.freeze({ id: `model-${i}` }));
+    // Kept as its UTF-8 bytes (app.ts): a name beyond ASCII checks the encoding and the length.
+    const data = Array.from({ length: 200 }, (_, i) =>
+      Object.freeze({ id: `model-${i}`, ...(i === 7 ? { name: 'Modèle — sept 😀' } : {}) }),
+    );
     const list = Object.freeze({
       object: 'list',
       type: 'text',
@@ -332,7 +335,9 @@ describe('CORS and compression', () => {
       expect(plain.headers['content-type']).toBe('application/json; charset=utf-8');
       expect(plain.headers['content-encoding']).toBeUndefined();
       expect(JSON.parse(plain.body.toString())).toEqual({ object: 'list', type: 'text', data });
+      expect(plain.headers['content-length']).toBe(String(plain.body.length));
       expect(again.body.equals(plain.body)).toBe(true);
+      expect(again.headers['content-length']).toBe(String(plain.body.length));
       const zipped = await get({ 'accept-encoding': 'gzip' });
       expect(zipped.headers['content-encoding']).toBe('gzip');
       expect(gunzipSync(zipped.body).equals(plain.body)).toBe(true);
