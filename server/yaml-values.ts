@@ -8,7 +8,7 @@
  * of our own code with the same name, and every JSON text made from an object with such a key, was two bytes a
  * character: each chat answer and each streamed frame was built, measured (`Buffer.byteLength`) and written
  * to its socket on V8's and Node's slower two-byte paths (the thirty-second round: 37k to 39k instructions a
- * chat, 68k a streamed chat through the upstream adapter). A key is interned when it first names a property,
+ * chat, 68k and more a streamed chat through the upstream adapter). A key is interned when it first names a property,
  * so the maps are read as `Map`s (`mapAsMap`, whose keys are not interned) and each string is copied one byte
  * a character before it names one. Strings with a character above U+00FF stay as they are.
  *
@@ -45,7 +45,10 @@ function compact(value: unknown): unknown {
   return object;
 }
 
-/** The property name `toJS` gives a map's key (yaml's `stringifyKey`: null is '', a collection its JSON). */
+/**
+ * The property name `toJS` gives a map's key (yaml's `stringifyKey`): a scalar's text, '' for null. A collection
+ * as a key (which neither the contract nor a valid catalogue has) becomes its JSON here, its YAML flow text there.
+ */
 function keyName(key: unknown): string {
   if (typeof key === 'string') return oneByte(key);
   if (key === null || key === undefined) return '';
