@@ -490,17 +490,18 @@ async function writeReply(
     res.status(status).json(body);
     return;
   }
-  let text: string | Buffer | undefined;
-  if (body && typeof body === 'object' && Object.isFrozen(body)) {
-    text = serializedBodies.get(body);
-    if (text === undefined) {
-      text = Buffer.from(JSON.stringify(body));
-      serializedBodies.set(body, text);
-    }
-  } else {
-    text = JSON.stringify(body);
+  const shared = body && typeof body === 'object' && Object.isFrozen(body);
+  writeJsonText(res, status, shared ? sharedJson(body) : JSON.stringify(body));
+}
+
+/** The UTF-8 bytes of a shared frozen body's JSON, made by its first answer. */
+function sharedJson(body: object): Buffer {
+  let bytes = serializedBodies.get(body);
+  if (bytes === undefined) {
+    bytes = Buffer.from(JSON.stringify(body));
+    serializedBodies.set(body, bytes);
   }
-  writeJsonText(res, status, text);
+  return bytes;
 }
 
 /** Whether the answer is ours to write: not one Express shapes itself (HEAD, 204/304, a Content-Type set). */

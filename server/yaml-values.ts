@@ -8,9 +8,10 @@
  * of our own code with the same name, and every JSON text made from an object with such a key, was two bytes a
  * character: each chat answer and each streamed frame was built, measured (`Buffer.byteLength`) and written
  * to its socket on V8's and Node's slower two-byte paths (the thirty-second round: 37k to 39k instructions a
- * chat, 68k and more a streamed chat through the upstream adapter). A key is interned when it first names a property,
- * so the maps are read as `Map`s (`mapAsMap`, whose keys are not interned) and each string is copied one byte
- * a character before it names one. Strings with a character above U+00FF stay as they are.
+ * chat, 68k and more a streamed chat through the upstream adapter). A key is interned when it first names a
+ * property, so the maps are read as `Map`s (`mapAsMap`, whose keys are not interned) and each string is copied
+ * one byte a character before it names one. Strings with a character above U+00FF stay as they are. The copies
+ * cost start-up about 7 to 16 ms for the contract and under 1 ms for the catalogue.
  *
  * `test/unit/yaml-values.test.ts` checks the values against `toJS()` and how V8 stores them.
  */
