@@ -8,8 +8,12 @@
  * - the DIEM reserved per day equals the sum of that day's held reservations;
  * - no reservation was charged more than it held;
  * - unless `allowHeld`, no reservation is still held (after the expiry sweep everything is settled).
+ *
+ * The tables are read as one snapshot (readSnapshot), so a check may run while servers commit.
  */
+import { type Kysely, sql } from 'kysely';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
+import type { Tables } from '../../server/storage/schema.ts';
 
 export type InvariantReport = {
   accounts: number;
@@ -21,35 +25,71 @@ export type InvariantReport = {
 
 const big = (value: unknown) => (value === null || value === undefined ? 0n : BigInt(value as string));
 
+/**
+ * Reads the four tables as one snapshot of the database: in a REPEATABLE READ transaction on PostgreSQL, in a
+ * deferred (read) transaction on SQLite, where the database's own `db.transaction()` begins IMMEDIATE, a write
+ * that would hold up a running server's captures. Read one by one, a capture committed between two reads shows
+ * as a balance that disagrees with its entries.
+ */
+async function readSnapshot(database: Database, afterFirstRead?: () => Promise<void>) {
+  const reads = async (db: Kysely<Tables>) => {
+    const accounts = await db
+      .selectFrom('accounts')
+      .select(['id', 'usd_balance_nano', 'usd_reserved_nano'])
+      .execute();
+    await afterFirstRead?.();
+    const entries = await db
+      .selectFrom('ledger_entries')
+      .select([
+        'seq',
+        'account_id',
+        'reservation_id',
+        'type',
+        'currency',
+        'amount_nano',
+        'balance_after_nano',
+      ])
+      .orderBy('seq')
+      .execute();
+    const reservations = await db
+      .selectFrom('reservations')
+      .select(['id', 'account_id', 'usd_nano', 'diem_nano', 'epoch_day', 'status'])
+      .execute();
+    const diem = await db
+      .selectFrom('diem_usage')
+      .select(['account_id', 'epoch_day', 'reserved_nano', 'used_nano'])
+      .execute();
+    return { accounts, entries, reservations, diem };
+  };
+  if (database.dialect === 'postgres') {
+    return database.db
+      .transaction()
+      .setIsolationLevel('repeatable read')
+      .setAccessMode('read only')
+      .execute(reads);
+  }
+  return database.db.connection().execute(async (connection) => {
+    await sql`begin`.execute(connection);
+    try {
+      return await reads(connection);
+    } finally {
+      await sql`commit`.execute(connection);
+    }
+  });
+}
+
 /** Checks the invariants on an open database or a `DATABASE_URL`. */
 export async function checkInvariants(
   target: Database | string,
-  options: { allowHeld?: boolean } = {},
+  options: {
+    allowHeld?: boolean;
+    /** Runs after the accounts are read and before the rest is (for the test that the reads are one snapshot). */
+    afterFirstRead?: () => Promise<void>;
+  } = {},
 ): Promise<InvariantReport> {
   const database = typeof target === 'string' ? await createDatabase(target) : target;
   try {
-    const { db } = database;
-    const [accounts, entries, reservations, diem] = await Promise.all([
-      db.selectFrom('accounts').select(['id', 'usd_balance_nano', 'usd_reserved_nano']).execute(),
-      db
-        .selectFrom('ledger_entries')
-        .select([
-          'seq',
-          'account_id',
-          'reservation_id',
-          'type',
-          'currency',
-          'amount_nano',
-          'balance_after_nano',
-        ])
-        .orderBy('seq')
-        .execute(),
-      db
-        .selectFrom('reservations')
-        .select(['id', 'account_id', 'usd_nano', 'diem_nano', 'epoch_day', 'status'])
-        .execute(),
-      db.selectFrom('diem_usage').select(['account_id', 'epoch_day', 'reserved_nano', 'used_nano']).execute(),
-    ]);
+    const { accounts, entries, reservations, diem } = await readSnapshot(database, options.afterFirstRead);
     const violations: string[] = [];
     const counts = { held: 0, captured: 0, released: 0, expired: 0 };
     for (const r of reservations) counts[r.status]++;
