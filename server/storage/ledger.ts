@@ -187,10 +187,14 @@ export type CaptureItem = {
 };
 export type CaptureInput = { items: CaptureItem[] };
 /**
- * The caller's statements of a capture (`captureWith`), run in its transaction; `embedded`, the same writes in
- * the form the capture's one statement can make on PostgreSQL (see EmbeddedWrite).
+ * The caller's statements of a capture (`captureWith`), run in its transaction after the charges are written,
+ * with the entries written (in `seq` order: a video job keeps the range of its charges, for its refund);
+ * `embedded`, the same writes in the form the capture's one statement can make on PostgreSQL (see
+ * EmbeddedWrite), which are not told the entries.
  */
-export type CaptureWithin<T> = ((trx: Transaction<Tables>) => Promise<T>) & { embedded?: EmbeddedWrite };
+export type CaptureWithin<T> = ((trx: Transaction<Tables>, entries: LedgerEntry[]) => Promise<T>) & {
+  embedded?: EmbeddedWrite;
+};
 /**
  * The caller's statements of a reservation (`reserveWith`), run in its transaction under the account's lock;
  * `embedded`, the same writes in the form the reservation's one round trip can make on PostgreSQL (each guarded
@@ -212,7 +216,23 @@ export type CaptureResult = {
 };
 
 export type ReleaseResult = { released: boolean; reservation: Reservation };
-export type RefundInput = { accountId: string; requestId: string };
+/**
+ * A request to refund: its account and id, and the `seq`s of its first and last charge, as its capture returned
+ * them (CaptureResult.entries). The charges are found by their `seq`s, through the account's index of entries
+ * (no index of request ids: every entry would write one, at a random place); only the entries of that range with
+ * the request's id, charges, are refunded.
+ */
+export type RefundInput = { accountId: string; requestId: string; chargeSeqs: ChargeSeqs };
+/** The `seq`s of the first and last entry a capture wrote (CaptureResult.entries, in `seq` order). */
+export type ChargeSeqs = { first: number; last: number };
+
+/** The ChargeSeqs of a capture's entries (in `seq` order, as captures return them). */
+export function chargeSeqsOf(entries: readonly LedgerEntry[]): ChargeSeqs {
+  const first = entries[0];
+  const last = entries[entries.length - 1];
+  if (!first || !last) throw new StorageError('STORAGE_FAILURE', 'A capture wrote no entries');
+  return { first: first.seq, last: last.seq };
+}
 export type RefundResult = { entries: LedgerEntry[]; refunded: boolean };
 
 export type ListEntriesInput = { limit?: number; offset?: number };
@@ -1020,10 +1040,12 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       .selectAll()
       .where('account_id', '=', input.accountId)
       .where('request_id', '=', input.requestId)
-      .where('type', '=', 'REFUND')
-      .orderBy('seq')
+      // A literal, so that the partial index of refunds (ledger_entries_refund_once_idx) can serve it; not in
+      // the database's order either (at most one row per currency), which would rather walk the account's
+      // entries in `seq` order.
+      .where('type', '=', sql.lit('REFUND'))
       .execute();
-    return rows.map(toLedgerEntry);
+    return rows.map(toLedgerEntry).sort((a, b) => a.seq - b.seq);
   }
 
   async function refundOnce(input: RefundInput): Promise<RefundResult> {
@@ -1038,6 +1060,8 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
         .selectAll('ledger_entries')
         .select('reservations.epoch_day as reservation_day')
         .where('ledger_entries.account_id', '=', input.accountId)
+        .where('ledger_entries.seq', '>=', input.chargeSeqs.first)
+        .where('ledger_entries.seq', '<=', input.chargeSeqs.last)
         .where('ledger_entries.request_id', '=', input.requestId)
         .where('ledger_entries.type', '=', 'CHARGE')
         .orderBy('ledger_entries.seq')
@@ -1741,7 +1765,8 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     /**
      * Gives back everything a request was charged: one REFUND entry per currency, at most once (a repeat
      * returns `refunded: false` and the first refund's entries). A DIEM refund goes back to the allowance of the
-     * day it was drawn from. Throws NothingToRefundError when the request has no charges on the account.
+     * day it was drawn from. The charges are those of `chargeSeqs` with the request's id (RefundInput). Throws
+     * NothingToRefundError when there are none on the account.
      */
     async refund(input: RefundInput): Promise<RefundResult> {
       try {
@@ -1934,7 +1959,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
             within && !within.embedded
               ? await database.transaction(async (trx) => {
                   const written = await captureAtOnce(trx, reservation, split, at);
-                  await within(trx);
+                  await within(trx, written);
                   return written;
                 })
               : await atAccountRow(
@@ -2004,7 +2029,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
           usedNano: diemCharged,
           reservedNano: -reservation.diemNano,
         });
-        if (within) await within(trx);
+        if (within) await within(trx, entries);
         return captured(split, entries);
       });
     },

@@ -502,6 +502,32 @@ function oneHeldIndex(): Migration {
   };
 }
 
+/**
+ * Refunds find a video job's charges by their `seq`s (migration 0022_refund_by_seq): the job keeps the range of
+ * the entries its capture wrote (`charge_seq_first`, `charge_seq_last`, set in the capture's transaction), and
+ * the refund reads them through `ledger_entries_account_seq_idx`. `ledger_entries_request_idx` (account, request
+ * id), which only the refunds read, goes: every entry wrote a row of it at a random place (request ids are
+ * random), and a split in the middle of its pages made SQLite scan its whole page cache after the commit
+ * (bench/HISTORY.md, thirty-second and thirty-third rounds). The jobs made before it get the range of the
+ * charges that have their request id, as the refund read them until now (through that index, before it goes).
+ */
+function refundBySeq(): Migration {
+  return {
+    async up(db: Kysely<unknown>) {
+      await db.schema.alterTable('video_jobs').addColumn('charge_seq_first', 'bigint').execute();
+      await db.schema.alterTable('video_jobs').addColumn('charge_seq_last', 'bigint').execute();
+      const charges = (bound: 'min' | 'max') =>
+        sql`(select ${sql.raw(bound)}(e.seq) from ledger_entries e
+          where e.account_id = video_jobs.account_id and e.request_id = video_jobs.request_id
+            and e.type = 'CHARGE')`;
+      await sql`update video_jobs set charge_seq_first = ${charges('min')}, charge_seq_last = ${charges('max')}`.execute(
+        db,
+      );
+      await db.schema.dropIndex('ledger_entries_request_idx').execute();
+    },
+  };
+}
+
 /** Every migration, by name; names sort in the order they run. */
 export function storageMigrations(dialect: Dialect): Record<string, Migration> {
   return {
@@ -515,6 +541,7 @@ export function storageMigrations(dialect: Dialect): Record<string, Migration> {
     '0019_rpc_credit_hours': rpcCreditHours(),
     '0020_ledger_entries_lean': ledgerEntriesLean(dialect),
     '0021_one_held_index': oneHeldIndex(),
+    '0022_refund_by_seq': refundBySeq(),
   };
 }
 

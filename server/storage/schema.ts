@@ -175,6 +175,9 @@ export interface VideoJobsTable {
   error_message: string | null;
   recommended_model: string | null;
   refunded: Int;
+  /** The `seq`s of the first and last entry its capture wrote; NULL until it is paid (migration 0022). */
+  charge_seq_first: Int | null;
+  charge_seq_last: Int | null;
   created_at_ms: Int;
   started_at_ms: Int | null;
   finished_at_ms: Int | null;

@@ -2,19 +2,21 @@
  * Video jobs in the database, shared by every server instance: the queue, the claim that hands a job to exactly
  * one worker, the lease that lets another worker take over a job whose worker died, and the finished media.
  *
- * A job's life: `unpaid` (row written before the charge, so a crash in between is found and refunded) ->
- * `queued` (paid) -> `running` (claimed; `lease_owner` and `lease_until_ms` set) -> `completed` (media stored)
+ * A job's life: `unpaid` (row written before the charge; a job whose request died before it is found and given
+ * up) -> `queued` (paid: set in the capture's transaction, with the `seq`s of its charges, which its refund
+ * gives back) -> `running` (claimed; `lease_owner` and `lease_until_ms` set) -> `completed` (media stored)
  * or `failed` (refund pending until `refunded` = 1). Every state change of a claimed job is a conditional UPDATE
  * on the owner and the state, so a worker that lost its lease can no longer write. The claim itself is a
  * conditional UPDATE too (`queued`, or `running` with an expired lease): on PostgreSQL the second of two
  * concurrent updates re-reads the row after the first commits and no longer matches, on SQLite writers are
  * serialised; either way exactly one worker wins.
  */
-import type { Selectable, Updateable } from 'kysely';
+import type { Kysely, Selectable, Updateable } from 'kysely';
 import { extend } from '../objects.ts';
 import type { Database } from './database.ts';
 import { type RepositoryOptions, resolveOptions, toNumber, toNumberOrNull } from './internal.ts';
-import type { VideoJobsTable } from './schema.ts';
+import type { ChargeSeqs } from './ledger.ts';
+import type { Tables, VideoJobsTable } from './schema.ts';
 
 export type VideoJobStatus = VideoJobsTable['status'];
 
@@ -36,6 +38,8 @@ export type VideoJob = {
   errorMessage: string | null;
   recommendedModel: string | null;
   refunded: boolean;
+  /** The `seq`s of the entries its capture wrote (what a refund gives back); null until it is paid. */
+  chargeSeqs: ChargeSeqs | null;
   createdAtMs: number;
   startedAtMs: number | null;
   finishedAtMs: number | null;
@@ -80,6 +84,10 @@ function toJob(row: Selectable<VideoJobsTable>): VideoJob {
     errorMessage: row.error_message,
     recommendedModel: row.recommended_model,
     refunded: toNumber(row.refunded) === 1,
+    chargeSeqs:
+      row.charge_seq_first === null || row.charge_seq_last === null
+        ? null
+        : { first: toNumber(row.charge_seq_first), last: toNumber(row.charge_seq_last) },
     createdAtMs: toNumber(row.created_at_ms),
     startedAtMs: toNumberOrNull(row.started_at_ms),
     finishedAtMs: toNumberOrNull(row.finished_at_ms),
@@ -159,17 +167,23 @@ export function createVideoJobs(database: Database, options: RepositoryOptions =
           error_code: null,
           error_message: null,
           recommended_model: null,
+          charge_seq_first: null,
+          charge_seq_last: null,
           started_at_ms: null,
           finished_at_ms: null,
         }),
       );
     },
 
-    /** The job was paid: hand it to the workers. */
-    async markQueued(id: string): Promise<boolean> {
-      const result = await db
+    /**
+     * The job was paid: hand it to the workers, with the `seq`s of its charges. Made in the capture's
+     * transaction (`q`), so that a job is queued exactly when it is charged, and its refund finds its charges.
+     * False when it is no longer unpaid (the sweep gave it up).
+     */
+    async markQueued(id: string, chargeSeqs: ChargeSeqs, q: Kysely<Tables> = db): Promise<boolean> {
+      const result = await q
         .updateTable('video_jobs')
-        .set({ status: 'queued' })
+        .set({ status: 'queued', charge_seq_first: chargeSeqs.first, charge_seq_last: chargeSeqs.last })
         .where('id', '=', id)
         .where('status', '=', 'unpaid')
         .executeTakeFirst();

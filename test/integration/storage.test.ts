@@ -24,10 +24,16 @@ import {
   ReservationStateError,
 } from '../../server/storage/errors.ts';
 import { createIdempotency, hashRequestBody } from '../../server/storage/idempotency.ts';
-import { createLedger, type LedgerEntry, type LedgerRepository } from '../../server/storage/ledger.ts';
+import {
+  chargeSeqsOf,
+  createLedger,
+  type LedgerEntry,
+  type LedgerRepository,
+} from '../../server/storage/ledger.ts';
 import { migrate, storageMigrations } from '../../server/storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from '../../server/storage/rate-limits.ts';
 import { createRpcCredits } from '../../server/storage/rpc-credits.ts';
+import { createVideoJobs } from '../../server/storage/video-jobs.ts';
 import { holdAccountLock, type StartedPostgres, startPostgres } from '../support/postgres.ts';
 
 const USD = 1_000_000_000n; // nano-USD per USD
@@ -501,6 +507,129 @@ describe.each(engines)('storage on %s', (engine, open) => {
         expect(stored[4]?.seq).toBe((stored[3]?.seq ?? 0n) + 1n);
         expect((await after.getBalance(account.id)).usdNano).toBe(11n * USD - USD / 4n - USD / 4n);
       });
+    });
+
+    test("behavior: 0022_refund_by_seq gives the video jobs already paid their charges' seqs and drops the request index", async () => {
+      await atMigration('0021_one_held_index', 'refund_seq', async (upgraded) => {
+        const before = createLedger(upgraded, clock);
+        const account = await createAccounts(upgraded, clock).createApiAccount();
+        await before.topUp({ accountId: account.id, amountNano: 10n * USD });
+        const oldJobs = createVideoJobs(upgraded, clock);
+        const job = (id: string, requestId: string) =>
+          oldJobs.create({
+            id,
+            accountId: account.id,
+            apiKeyId: null,
+            requestId,
+            modelId: 'm',
+            backend: 'local',
+            params: {},
+            priceNano: USD,
+            ttlMs: 3_600_000,
+          });
+        // Paid the way jobs were: captured, then marked queued; one failed since. Another request's charge
+        // lies between the job's two captures, and one job died before its charge.
+        const charge = async (requestId: string, amounts: bigint[]) => {
+          const held = await before.reserve({
+            accountId: account.id,
+            amountNano: USD,
+            requestId,
+            ttlMs: 60_000,
+          });
+          const items = amounts.map((amountNano, i) => ({ sku: `s${i}`, amountNano }));
+          return (await before.capture(held.reservation.id, { items })).entries;
+        };
+        await job('paid', 'video-req');
+        await job('unpaid', 'died-req');
+        const first = await charge('video-req', [USD / 4n, USD / 8n]);
+        await charge('chat-req', [USD / 16n]);
+        const second = await charge('video-req', [USD / 32n]);
+        await upgraded.db
+          .updateTable('video_jobs')
+          .set({ status: 'failed' })
+          .where('id', '=', 'paid')
+          .execute();
+
+        expect(await migrate(upgraded)).toEqual({ applied: migrationsFrom('0022_refund_by_seq') });
+        const jobs = createVideoJobs(upgraded, clock);
+        expect((await jobs.get('paid'))?.chargeSeqs).toEqual({
+          first: first[0]?.seq,
+          last: second[0]?.seq,
+        });
+        expect((await jobs.get('unpaid'))?.chargeSeqs).toBeNull();
+        const indexes =
+          engine === 'sqlite'
+            ? await sql<{ name: string }>`select name from sqlite_master where type = 'index'`.execute(
+                upgraded.db,
+              )
+            : await sql<{ name: string }>`select indexname as name from pg_indexes`.execute(upgraded.db);
+        const names = indexes.rows.map((row) => row.name);
+        expect(names).toContain('ledger_entries_account_seq_idx');
+        expect(names).not.toContain('ledger_entries_request_idx');
+
+        // Its refund gives back what the request id was charged, as before: not the other request's charge.
+        const paid = await jobs.get('paid');
+        if (!paid?.chargeSeqs) throw new Error('no seqs');
+        const after = createLedger(upgraded, clock);
+        const refund = await after.refund({
+          accountId: account.id,
+          requestId: paid.requestId,
+          chargeSeqs: paid.chargeSeqs,
+        });
+        expect(refund.entries.map((e) => [e.type, e.amountNano])).toEqual([
+          ['REFUND', USD / 4n + USD / 8n + USD / 32n],
+        ]);
+        expect((await after.getBalance(account.id)).usdNano).toBe(10n * USD - USD / 16n);
+      });
+    });
+
+    test('behavior: a refund reads the charges through the account index and its earlier refunds through the refund index (0022)', async () => {
+      const sent: string[] = [];
+      const watched = await createDatabase(opened.url, { onQuery: (text) => sent.push(text) });
+      try {
+        const watchedLedger = createLedger(watched, clock);
+        const account = await fundedAccount(USD);
+        const { reservation } = await watchedLedger.reserve({
+          accountId: account.id,
+          amountNano: USD,
+          requestId: 'planned',
+          ttlMs: 60_000,
+        });
+        const { entries } = await watchedLedger.capture(reservation.id, {
+          items: [{ sku: 's', amountNano: USD }],
+        });
+        sent.length = 0;
+        await watchedLedger.refund({
+          accountId: account.id,
+          requestId: 'planned',
+          chargeSeqs: chargeSeqsOf(entries),
+        });
+        const reads = sent.filter((text) => /^select .* from "ledger_entries"/s.test(text));
+        expect(reads).toHaveLength(2);
+        const plans: string[] = [];
+        for (const text of reads) {
+          const rows =
+            engine === 'sqlite'
+              ? (
+                  await database.db.executeQuery(
+                    CompiledQuery.raw(
+                      `explain query plan ${text}`,
+                      [...text.matchAll(/\?/g)].map(() => null),
+                    ),
+                  )
+                ).rows
+              : await database.db.transaction().execute(async (trx) => {
+                  await sql`set local enable_seqscan = off`.execute(trx);
+                  return (await trx.executeQuery(CompiledQuery.raw(`explain (generic_plan) ${text}`))).rows;
+                });
+          plans.push(dump(rows));
+        }
+        // The earlier refunds first (none), then the charges by their seqs.
+        expect(plans[0]).toContain('ledger_entries_refund_once_idx');
+        expect(plans[1]).toContain('ledger_entries_account_seq_idx');
+      } finally {
+        await watched.close();
+      }
     });
 
     test('behavior: a payment is looked up through its partial unique index', async () => {
@@ -1340,16 +1469,18 @@ describe.each(engines)('storage on %s', (engine, open) => {
           ttlMs: 60_000,
         });
         const items = [{ sku: 'x', amountNano }];
-        if (n % 2) await ledger.capture(reservation.id, { items });
-        else await ledger.captureWith(reservation, { items });
-        return requestId;
+        const { entries } =
+          n % 2
+            ? await ledger.capture(reservation.id, { items })
+            : await ledger.captureWith(reservation, { items });
+        return { requestId, chargeSeqs: chargeSeqsOf(entries) };
       };
       const first = await spend(USD);
       await spend(2n * USD);
       nowMs = T0 + DAY;
       await spend(3n * USD);
       // Refunded the next day: it lowers the day it is booked on, as the entries do.
-      await ledger.refund({ accountId: account.id, requestId: first });
+      await ledger.refund({ accountId: account.id, ...first });
       await expectConsistent(account.id);
       expect(await keySpendDays(account.id)).toHaveLength(2);
 
@@ -1459,14 +1590,19 @@ describe.each(engines)('storage on %s', (engine, open) => {
         modelId: 'm',
         ttlMs: 60_000,
       });
-      await ledger.capture(reservation.id, { items: [{ sku: 'x', amountNano: 1_500_000_000n }] });
+      const capture = await ledger.capture(reservation.id, {
+        items: [{ sku: 'x', amountNano: 1_500_000_000n }],
+      });
       const charged = await ledger.getBalance(account.id);
       expect(charged).toMatchObject({ usdNano: 4_500_000_000n, diemAvailableNano: 0n });
+      const failed = {
+        accountId: account.id,
+        requestId: 'failed-req',
+        chargeSeqs: chargeSeqsOf(capture.entries),
+      };
 
       const results = await Promise.all(
-        Array.from({ length: 10 }, (_, i) =>
-          (i % 2 ? otherLedger : ledger).refund({ accountId: account.id, requestId: 'failed-req' }),
-        ),
+        Array.from({ length: 10 }, (_, i) => (i % 2 ? otherLedger : ledger).refund(failed)),
       );
       expect(results.filter((r) => r.refunded)).toHaveLength(1);
       const refund = results.find((r) => r.refunded);
@@ -1480,9 +1616,14 @@ describe.each(engines)('storage on %s', (engine, open) => {
         diemAvailableNano: USD,
       });
       expect(await ledger.keySpend(key.id, { sinceMs: 0 })).toEqual({ usdNano: 0n, diemNano: 0n });
-      await expect(
-        ledger.refund({ accountId: account.id, requestId: 'never-charged' }),
-      ).rejects.toBeInstanceOf(NothingToRefundError);
+      // Only the charges of the range with the request's id: another id, or the range on another account.
+      await expect(ledger.refund({ ...failed, requestId: 'never-charged' })).rejects.toBeInstanceOf(
+        NothingToRefundError,
+      );
+      const other = await fundedAccount(USD);
+      await expect(ledger.refund({ ...failed, accountId: other.id })).rejects.toBeInstanceOf(
+        NothingToRefundError,
+      );
       await expectConsistent(account.id);
     });
   });
@@ -1500,6 +1641,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
         watched.reserve({ accountId: account.id, amountNano: USD, requestId, modelId: 'm', ttlMs: 60_000 });
       const first = (await reserve('r1')).reservation;
       const captured = await watched.capture(first.id, { items: [{ sku: 'a', amountNano: 400_000_000n }] });
+      const r1 = { accountId: account.id, requestId: 'r1', chargeSeqs: chargeSeqsOf(captured.entries) };
       const second = (await reserve('r2')).reservation;
       const capturedWith = await watched.captureWith(
         second,
@@ -1514,8 +1656,8 @@ describe.each(engines)('storage on %s', (engine, open) => {
         }),
       ).rejects.toThrow('undone');
       await expect(watched.capture(first.id, { items: [{ sku: 'a', amountNano: 1n }] })).rejects.toThrow();
-      const refund = await watched.refund({ accountId: account.id, requestId: 'r1' });
-      await expect(watched.refund({ accountId: account.id, requestId: 'r1' })).resolves.toMatchObject({
+      const refund = await watched.refund(r1);
+      await expect(watched.refund(r1)).resolves.toMatchObject({
         refunded: false,
       });
       expect(told.map((e) => e.id)).toEqual(
@@ -2117,8 +2259,13 @@ describe.each(engines)('storage on %s', (engine, open) => {
             ttlMs: 60_000,
           });
           if (i % 3 === 0) return repo.release(reservation.id);
-          await repo.capture(reservation.id, { items: [{ sku: 's', amountNano: X / 2n + BigInt(i) }] });
-          if (i % 5 === 0) await repo.refund({ accountId: account.id, requestId: `mix-${i}` });
+          const { entries } = await repo.capture(reservation.id, {
+            items: [{ sku: 's', amountNano: X / 2n + BigInt(i) }],
+          });
+          if (i % 5 === 0) {
+            const chargeSeqs = chargeSeqsOf(entries);
+            await repo.refund({ accountId: account.id, requestId: `mix-${i}`, chargeSeqs });
+          }
           return undefined;
         }),
       );

@@ -43,7 +43,7 @@ describe('video job claims on PostgreSQL', () => {
         priceNano: 1n,
         ttlMs: 3_600_000,
       });
-      await a.markQueued(id);
+      await a.markQueued(id, { first: i, last: i });
       ids.push(id);
     }
     const claims = await Promise.all(

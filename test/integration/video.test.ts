@@ -554,7 +554,7 @@ describe('video worker leases', () => {
     expect((await post(server, '/video/retrieve', { model, queue_id }, key)).status).toBe(200);
   });
 
-  test('behavior: a job left unpaid by a request that died after its charge is failed and refunded by the sweep', async () => {
+  test('behavior: a job left unpaid by a request that died before its charge is failed by the sweep; nothing is charged', async () => {
     const { accountId, key } = await server.account('5');
     const authenticated = await server.services.keys.authenticate(key);
     if (!authenticated.ok) throw new Error('key not found');
@@ -577,14 +577,12 @@ describe('video worker leases', () => {
       keyId: authenticated.key.id,
       keyType: 'INFERENCE' as const,
     };
+    // The request held the price and died: its capture, which would have queued the job, never ran.
     const reservation = await server.services.charges.reserve(principal, {
       amountNano: parseUsdToNano('0.25'),
       requestId: 'died-request',
       modelId: 'wan-2-7-text-to-video',
     });
-    await server.services.charges.capture(reservation, [
-      { sku: 'video.seconds.480p', amountNano: parseUsdToNano('0.25') },
-    ]);
     const sweeper = createVideoWorker({
       jobs,
       ledger: server.services.ledger,
@@ -597,27 +595,47 @@ describe('video worker leases', () => {
     expect((await jobs.get('died-mid-queue'))?.status).toBe('unpaid'); // still within the grace period
     clock += 10 * 60_000 + 1;
     expect(await sweeper.runOnce()).toBe(0);
-    expect(await jobs.get('died-mid-queue')).toMatchObject({ status: 'failed', refunded: true });
-    expect((await server.services.ledger.getBalance(accountId)).usdNano).toBe(parseUsdToNano('5'));
+    expect(await jobs.get('died-mid-queue')).toMatchObject({
+      status: 'failed',
+      refunded: true,
+      chargeSeqs: null,
+    });
+    const entries = await ledgerOf(accountId);
+    expect(entries.filter((e) => e.type === 'CHARGE' || e.type === 'REFUND')).toEqual([]);
+    // The hold is the reservations' to end (it expires, or here is released): the job's price was never taken.
+    await server.services.charges.release(reservation);
+    expect(await server.services.ledger.getBalance(accountId)).toMatchObject({
+      usdNano: parseUsdToNano('5'),
+      usdReservedNano: 0n,
+    });
+    expect(await server.services.video.worker.runOnce()).toBe(0);
   });
 });
 
 describe('video queue recovery', () => {
-  test('behavior: a job the sweep gave up while its request stalled is refunded by that request (500)', async () => {
+  test('behavior: a job the sweep gave up while its request stalled is not charged; its hold goes back (500)', async () => {
     const { accountId, key } = await server.account('5');
     const authenticated = await server.services.keys.authenticate(key);
     if (!authenticated.ok) throw new Error('key not found');
     const jobs = server.services.video.jobs;
+    const charges = server.services.charges;
+    let created = '';
     const stalled = createVideoService({
       catalog: server.services.catalog,
-      charges: server.services.charges,
+      // The sweep wins the race: it fails the unpaid job just before the request's capture.
+      charges: {
+        ...charges,
+        captureWith: async (...args: Parameters<typeof charges.captureWith>) => {
+          await jobs.failUnpaid(created, { code: 'INFERENCE_FAILED', message: 'given up' });
+          return charges.captureWith(...args);
+        },
+      },
       ledger: server.services.ledger,
-      // The sweep wins the race: it fails the unpaid job just before the request marks it queued.
       jobs: {
         ...jobs,
-        markQueued: async (id: string) => {
-          await jobs.failUnpaid(id, { code: 'INFERENCE_FAILED', message: 'given up' });
-          return jobs.markQueued(id);
+        create: async (input: Parameters<typeof jobs.create>[0]) => {
+          created = input.id;
+          return jobs.create(input);
         },
       },
       isPro: async () => false,
@@ -638,8 +656,12 @@ describe('video queue recovery', () => {
       .catch((e: unknown) => e);
     expect(error).toMatchObject({ status: 500 });
     const entries = await ledgerOf(accountId);
-    expect(entries.filter((e) => e.type === 'REFUND')).toHaveLength(1);
-    expect((await server.services.ledger.getBalance(accountId)).usdNano).toBe(parseUsdToNano('5'));
+    expect(entries.filter((e) => e.type === 'CHARGE' || e.type === 'REFUND')).toEqual([]);
+    expect(await server.services.ledger.getBalance(accountId)).toMatchObject({
+      usdNano: parseUsdToNano('5'),
+      usdReservedNano: 0n,
+    });
+    expect(await jobs.get(created)).toMatchObject({ status: 'failed', chargeSeqs: null });
     expect(await server.services.video.worker.runOnce()).toBe(0);
   });
 });

@@ -26,7 +26,7 @@ import { ApiError, badRequest, notFound } from '../../http/errors.ts';
 import { nanoToUsdNumber } from '../../money.ts';
 import type { VideoGenerationRequest } from '../../providers/video/types.ts';
 import { NothingToRefundError } from '../../storage/errors.ts';
-import type { LedgerRepository } from '../../storage/ledger.ts';
+import { chargeSeqsOf, type LedgerRepository } from '../../storage/ledger.ts';
 import type { VideoJob, VideoJobsRepository } from '../../storage/video-jobs.ts';
 import type { Charges } from '../billing/charges.ts';
 import { resolveVideoOptions, videoConstraints } from './options.ts';
@@ -80,19 +80,30 @@ function mediaRoles(body: VideoQueueRequest): Array<'image' | 'end_image' | 'ref
   return roles;
 }
 
-/** Refunds a failed job's charges (once; the ledger refuses a second refund of the same request). */
+/**
+ * Refunds a failed job's charges (once; the ledger refuses a second refund of the same request). A job without
+ * charges (the queuing request died before its capture, which queues the job) has nothing to give back.
+ */
 export async function refundJob(
   deps: { ledger: LedgerRepository; jobs: VideoJobsRepository },
   job: VideoJob,
 ) {
-  try {
-    await deps.ledger.refund({ accountId: job.accountId, requestId: job.requestId });
-  } catch (error) {
-    // Nothing was captured (the queuing request died before its charge): nothing to give back.
-    if (!(error instanceof NothingToRefundError)) throw error;
+  if (job.chargeSeqs) {
+    try {
+      await deps.ledger.refund({
+        accountId: job.accountId,
+        requestId: job.requestId,
+        chargeSeqs: job.chargeSeqs,
+      });
+    } catch (error) {
+      if (!(error instanceof NothingToRefundError)) throw error;
+    }
   }
   await deps.jobs.markRefunded(job.id);
 }
+
+/** Thrown in a capture's transaction when the job it pays for was given up meanwhile: nothing is charged. */
+class JobGivenUp extends Error {}
 
 /** Path of a job's download link, outside the API base path (see download-route.ts). */
 export const DOWNLOAD_PATH = '/media/video';
@@ -265,14 +276,20 @@ export function createVideoService(deps: VideoServiceDeps) {
         await deps.jobs.deleteUnpaid(id);
         throw error;
       }
-      await deps.charges.capture(
-        reservation,
-        options.items.map((item) => ({ ...item, modelId: model.id, details: { queueId: id } })),
-      );
-      if (!(await deps.jobs.markQueued(id))) {
-        // The sweep gave the job up while this request was stalled between its row and its charge: give the
-        // charge back rather than keep money for a job that will not run.
-        await refundJob(deps, created);
+      try {
+        // Charged and queued in one transaction: the job keeps its charges' seqs, for its refund.
+        await deps.charges.captureWith(
+          reservation,
+          options.items.map((item) => ({ ...item, modelId: model.id, details: { queueId: id } })),
+          async (trx, entries) => {
+            if (!(await deps.jobs.markQueued(id, chargeSeqsOf(entries), trx))) throw new JobGivenUp();
+          },
+        );
+      } catch (error) {
+        if (!(error instanceof JobGivenUp)) throw error;
+        // The sweep gave the job up while this request was stalled between its row and its charge: nothing
+        // was charged, and the hold goes back.
+        await deps.charges.release(reservation);
         throw new ApiError(500, VIDEO_MESSAGES.failed, { code: 'INFERENCE_FAILED' });
       }
       deps.wake?.();
