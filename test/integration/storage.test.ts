@@ -234,6 +234,27 @@ describe.each(engines)('storage on %s', (engine, open) => {
     return [...sums].map(([day, sum]) => `${day} ${sum}`).sort();
   }
 
+  /**
+   * The plan of a statement as the engine makes it: SQLite's with its parameters bound to NULL; PostgreSQL's
+   * with `parameters` (`$n` placeholders), or its generic plan without them, sequential scans off (the tables
+   * are tiny: PostgreSQL would rightly scan them).
+   */
+  async function planOf(text: string, parameters?: readonly unknown[]): Promise<string> {
+    if (engine === 'sqlite') {
+      const nulls = [...text.matchAll(/\?/g)].map(() => null);
+      return dump(
+        (await database.db.executeQuery(CompiledQuery.raw(`explain query plan ${text}`, nulls))).rows,
+      );
+    }
+    return database.db.transaction().execute(async (trx) => {
+      await sql`set local enable_seqscan = off`.execute(trx);
+      const explain = parameters ? `explain ${text}` : `explain (generic_plan) ${text}`;
+      return dump(
+        (await trx.executeQuery(CompiledQuery.raw(explain, parameters ? [...parameters] : []))).rows,
+      );
+    });
+  }
+
   describe('migrate', () => {
     test('behavior: running the migrations again (also from a second connection) applies nothing', async () => {
       expect(await migrate(database)).toEqual({ applied: [] });
@@ -260,23 +281,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
         expect(held).toHaveLength(2);
         const plans: string[] = [];
         for (const text of held) {
-          const parameters = text.includes('"api_key_id"') ? ['k'] : [T0, 200];
-          const rows =
-            engine === 'sqlite'
-              ? (
-                  await database.db.executeQuery(
-                    CompiledQuery.raw(
-                      `explain query plan ${text}`,
-                      parameters.map(() => null),
-                    ),
-                  )
-                ).rows
-              : await database.db.transaction().execute(async (trx) => {
-                  // The tables are tiny: without this PostgreSQL would rightly scan them.
-                  await sql`set local enable_seqscan = off`.execute(trx);
-                  return (await trx.executeQuery(CompiledQuery.raw(`explain ${text}`, parameters))).rows;
-                });
-          plans.push(dump(rows));
+          plans.push(await planOf(text, text.includes('"api_key_id"') ? ['k'] : [T0, 200]));
         }
         expect(plans[0]).toContain('reservations_held_key_idx');
         // The sweep reads the same index whole (0021_one_held_index dropped the expiry index).
@@ -607,23 +612,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
         const reads = sent.filter((text) => /^select .* from "ledger_entries"/s.test(text));
         expect(reads).toHaveLength(2);
         const plans: string[] = [];
-        for (const text of reads) {
-          const rows =
-            engine === 'sqlite'
-              ? (
-                  await database.db.executeQuery(
-                    CompiledQuery.raw(
-                      `explain query plan ${text}`,
-                      [...text.matchAll(/\?/g)].map(() => null),
-                    ),
-                  )
-                ).rows
-              : await database.db.transaction().execute(async (trx) => {
-                  await sql`set local enable_seqscan = off`.execute(trx);
-                  return (await trx.executeQuery(CompiledQuery.raw(`explain (generic_plan) ${text}`))).rows;
-                });
-          plans.push(dump(rows));
-        }
+        for (const text of reads) plans.push(await planOf(text));
         // The earlier refunds first (none), then the charges by their seqs.
         expect(plans[0]).toContain('ledger_entries_refund_once_idx');
         expect(plans[1]).toContain('ledger_entries_account_seq_idx');
@@ -634,25 +623,10 @@ describe.each(engines)('storage on %s', (engine, open) => {
 
     test('behavior: a payment is looked up through its partial unique index', async () => {
       const text = 'select * from "ledger_entries" where "network" = ? and "tx_hash" = ?';
-      const plan =
-        engine === 'sqlite'
-          ? dump(
-              (await database.db.executeQuery(CompiledQuery.raw(`explain query plan ${text}`, ['n', 'h'])))
-                .rows,
-            )
-          : await database.db.transaction().execute(async (trx) => {
-              await sql`set local enable_seqscan = off`.execute(trx);
-              return dump(
-                (
-                  await trx.executeQuery(
-                    CompiledQuery.raw(`explain ${text.replace('= ?', '= $1').replace('= ?', '= $2')}`, [
-                      'n',
-                      'h',
-                    ]),
-                  )
-                ).rows,
-              );
-            });
+      const plan = await planOf(
+        engine === 'sqlite' ? text : text.replace('= ?', '= $1').replace('= ?', '= $2'),
+        ['n', 'h'],
+      );
       expect(plan).toContain('ledger_entries_payment_unique');
     });
 
