@@ -226,12 +226,14 @@ export type RefundInput = { accountId: string; requestId: string; chargeSeqs: Ch
 /** The `seq`s of the first and last entry a capture wrote (CaptureResult.entries, in `seq` order). */
 export type ChargeSeqs = { first: number; last: number };
 
-/** The ChargeSeqs of a capture's entries (in `seq` order, as captures return them). */
-export function chargeSeqsOf(entries: readonly LedgerEntry[]): ChargeSeqs {
+/**
+ * The ChargeSeqs of a capture's entries (in `seq` order, as captures return them); null when it wrote none
+ * (nothing charged: nothing to refund).
+ */
+export function chargeSeqsOf(entries: readonly LedgerEntry[]): ChargeSeqs | null {
   const first = entries[0];
   const last = entries[entries.length - 1];
-  if (!first || !last) throw new StorageError('STORAGE_FAILURE', 'A capture wrote no entries');
-  return { first: first.seq, last: last.seq };
+  return first && last ? { first: first.seq, last: last.seq } : null;
 }
 export type RefundResult = { entries: LedgerEntry[]; refunded: boolean };
 

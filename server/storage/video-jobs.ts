@@ -178,12 +178,16 @@ export function createVideoJobs(database: Database, options: RepositoryOptions =
     /**
      * The job was paid: hand it to the workers, with the `seq`s of its charges. Made in the capture's
      * transaction (`q`), so that a job is queued exactly when it is charged, and its refund finds its charges.
-     * False when it is no longer unpaid (the sweep gave it up).
+     * False when it is no longer unpaid (the sweep gave it up). Null `chargeSeqs`: nothing was charged.
      */
-    async markQueued(id: string, chargeSeqs: ChargeSeqs, q: Kysely<Tables> = db): Promise<boolean> {
+    async markQueued(id: string, chargeSeqs: ChargeSeqs | null, q: Kysely<Tables> = db): Promise<boolean> {
       const result = await q
         .updateTable('video_jobs')
-        .set({ status: 'queued', charge_seq_first: chargeSeqs.first, charge_seq_last: chargeSeqs.last })
+        .set({
+          status: 'queued',
+          charge_seq_first: chargeSeqs?.first ?? null,
+          charge_seq_last: chargeSeqs?.last ?? null,
+        })
         .where('id', '=', id)
         .where('status', '=', 'unpaid')
         .executeTakeFirst();

@@ -126,6 +126,13 @@ function dump(value: unknown): string {
   return JSON.stringify(value, (_key, v) => (typeof v === 'bigint' ? v.toString() : v));
 }
 
+/** The seqs of a capture's charges (it wrote some). */
+function seqsOf(entries: readonly LedgerEntry[]) {
+  const seqs = chargeSeqsOf(entries);
+  if (!seqs) throw new Error('the capture wrote no entries');
+  return seqs;
+}
+
 /** Settles every promise and splits the outcomes. */
 async function settle<T>(promises: Array<Promise<T>>) {
   const results = await Promise.allSettled(promises);
@@ -607,7 +614,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
         await watchedLedger.refund({
           accountId: account.id,
           requestId: 'planned',
-          chargeSeqs: chargeSeqsOf(entries),
+          chargeSeqs: seqsOf(entries),
         });
         const reads = sent.filter((text) => /^select .* from "ledger_entries"/s.test(text));
         expect(reads).toHaveLength(2);
@@ -1447,7 +1454,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
           n % 2
             ? await ledger.capture(reservation.id, { items })
             : await ledger.captureWith(reservation, { items });
-        return { requestId, chargeSeqs: chargeSeqsOf(entries) };
+        return { requestId, chargeSeqs: seqsOf(entries) };
       };
       const first = await spend(USD);
       await spend(2n * USD);
@@ -1572,7 +1579,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
       const failed = {
         accountId: account.id,
         requestId: 'failed-req',
-        chargeSeqs: chargeSeqsOf(capture.entries),
+        chargeSeqs: seqsOf(capture.entries),
       };
 
       const results = await Promise.all(
@@ -1590,6 +1597,8 @@ describe.each(engines)('storage on %s', (engine, open) => {
         diemAvailableNano: USD,
       });
       expect(await ledger.keySpend(key.id, { sinceMs: 0 })).toEqual({ usdNano: 0n, diemNano: 0n });
+      // A capture that wrote nothing has no range (nothing to refund).
+      expect(chargeSeqsOf([])).toBeNull();
       // Only the charges of the range with the request's id: another id, or the range on another account.
       await expect(ledger.refund({ ...failed, requestId: 'never-charged' })).rejects.toBeInstanceOf(
         NothingToRefundError,
@@ -1615,7 +1624,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
         watched.reserve({ accountId: account.id, amountNano: USD, requestId, modelId: 'm', ttlMs: 60_000 });
       const first = (await reserve('r1')).reservation;
       const captured = await watched.capture(first.id, { items: [{ sku: 'a', amountNano: 400_000_000n }] });
-      const r1 = { accountId: account.id, requestId: 'r1', chargeSeqs: chargeSeqsOf(captured.entries) };
+      const r1 = { accountId: account.id, requestId: 'r1', chargeSeqs: seqsOf(captured.entries) };
       const second = (await reserve('r2')).reservation;
       const capturedWith = await watched.captureWith(
         second,
@@ -2237,7 +2246,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
             items: [{ sku: 's', amountNano: X / 2n + BigInt(i) }],
           });
           if (i % 5 === 0) {
-            const chargeSeqs = chargeSeqsOf(entries);
+            const chargeSeqs = seqsOf(entries);
             await repo.refund({ accountId: account.id, requestId: `mix-${i}`, chargeSeqs });
           }
           return undefined;
