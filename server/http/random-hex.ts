@@ -27,10 +27,9 @@ export function randomHex(bytes: number): string {
  * A request id of `bytes` bytes (7 to 256) as lowercase hex, whose first 6 bytes are the time in milliseconds
  * since 1970 (big-endian, 12 hex digits) and the rest random, as UUIDv7 lays one out: ids made later sort
  * after ids made in an earlier millisecond. The JSON-RPC proxy's `X-Request-ID` (16 bytes: 80 random bits in
- * each millisecond) is one: the ledger indexes its entries by (account, request id), and a random id put each
- * capture's entry on a random leaf of that index, which under load dirtied a page of its own per request in
- * every commit group and split leaves in the middle of the tree, after which SQLite scans its whole page cache
- * at the commit (bench/HISTORY.md, thirty-second round). A time-ordered id appends to the account's last leaf.
+ * each millisecond) is one, as README documents. It was made so for the ledger's index of request ids, where a
+ * random id landed each entry on a random leaf (bench/HISTORY.md, thirty-second round); that index is gone since
+ * migration 0022_refund_by_seq, and the id stays time-ordered: what callers see does not change.
  */
 export function timeOrderedHex(bytes: number, nowMs: number = Date.now()): string {
   if (!Number.isInteger(bytes) || bytes < 7 || bytes > 256) {

@@ -197,7 +197,7 @@ export function createRpcService(deps: RpcServiceDeps) {
     signal: AbortLike | undefined,
   ): Promise<RpcCallResult> {
     const subject = principal.accountId;
-    // Time-ordered: the ledger appends its entries to the account's last leaf of the request index.
+    // Time-ordered, as README documents (random-hex.ts timeOrderedHex).
     const requestId = timeOrderedHex(16);
     const worstNano = BigInt(plan.worstCase) * price;
     // Also when the worst case is free (a zero price): the reservation's account lock serialises the count.
