@@ -578,13 +578,16 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
       const signal = request.signal;
       // With a delay, every token waits it. Without, the engine still lets the event loop run (other
       // requests, socket writes, aborts) every few tokens, not after each one: same events, fewer turns.
+      // The turn is taken before the token that follows a turn's worth (`pauseDue`), not after the turn's last
+      // token: an answer that ends there (its bound, its last word, a stop sequence) goes on to its finish
+      // without waiting a turn (or a delay) that nothing follows.
+      const perTurn = delay > 0 ? 1 : TOKENS_PER_TURN;
+      /** Tokens produced since the last turn. */
       let unpaused = 0;
       const pauseDue = (): boolean => {
-        if (delay > 0 || ++unpaused >= TOKENS_PER_TURN) {
-          unpaused = 0;
-          return true;
-        }
-        return false;
+        if (unpaused < perTurn) return false;
+        unpaused = 0;
+        return true;
       };
       const promptTokens = countPromptTokens(request.messages, request.tools);
       const [cachedTokens, cacheCreationTokens] = cache.account(request.model, request.messages);
@@ -637,20 +640,22 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
         for (const planned of plan) {
           if (emitted >= budget) break;
           signal?.throwIfAborted();
+          if (pauseDue()) {
+            const gathered = thinking.take();
+            if (gathered) yield gathered;
+            await pause();
+            signal?.throwIfAborted();
+          }
           const text = decodeToken(planned.token);
           emitted++;
           reasoningTokens++;
+          unpaused++;
           const lp =
             topN || request.logprobs
               ? [{ token: text, logprob: planned.logprob, bytes: bytesOf(text), top_logprobs: planned.top }]
               : undefined;
           const delta = thinking.push(text, lp);
           if (delta) yield delta;
-          if (pauseDue()) {
-            const gathered = thinking.take();
-            if (gathered) yield gathered;
-            await pause();
-          }
         }
         const thought = thinking.take();
         if (thought) yield thought;
@@ -679,14 +684,16 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
               finish = 'length';
               break;
             }
-            emitted++;
-            const delta = argued.push(decodeToken(token), undefined);
-            if (delta) yield delta;
             if (pauseDue()) {
               const gathered = argued.take();
               if (gathered) yield gathered;
               await pause();
+              signal?.throwIfAborted();
             }
+            emitted++;
+            unpaused++;
+            const delta = argued.push(decodeToken(token), undefined);
+            if (delta) yield delta;
           }
           const lastArguments = argued.take();
           if (lastArguments) yield lastArguments;
@@ -733,24 +740,26 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
               finish = 'length';
               break;
             }
-            let text = decodeToken(planned.token);
             const room = cut - sent;
             if (room <= 0) break;
+            if (pauseDue()) {
+              const gathered = said.take();
+              if (gathered) yield gathered;
+              await pause();
+              signal?.throwIfAborted();
+            }
+            let text = decodeToken(planned.token);
             const partial = text.length > room;
             if (partial) text = text.slice(0, room);
             sent += text.length;
             emitted += partial ? encodeText(text).length : 1;
+            unpaused++;
             const lp = request.logprobs
               ? [{ token: text, logprob: planned.logprob, bytes: bytesOf(text), top_logprobs: planned.top }]
               : undefined;
             const delta = said.push(text, lp);
             if (delta) yield delta;
             if (partial) break;
-            if (pauseDue()) {
-              const gathered = said.take();
-              if (gathered) yield gathered;
-              await pause();
-            }
           }
           const lastSaid = said.take();
           if (lastSaid) yield lastSaid;
