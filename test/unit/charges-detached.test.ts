@@ -59,3 +59,19 @@ test('behavior: a detached capture starts after the caller turn, its amounts kno
   await capture.done;
   expect(charges.settled('acct-1')).toBeUndefined();
 });
+
+test('behavior: with answers waiting for their captures (others in flight), a detached capture starts a turn of the event loop later', async () => {
+  const { ledger, events } = recordingLedger();
+  const charges = createCharges({ ledger, reservationTtlMs: 60_000, answersWait: () => true });
+  const capture = charges.captureDetached(reservation, items);
+  expect(capture.answerAfter).toBe(capture.done);
+  // Not in the caller's turn, however many of its microtasks run.
+  for (let hop = 0; hop < 20; hop++) await Promise.resolve();
+  await new Promise<void>((resolve) => process.nextTick(resolve));
+  expect(events).toEqual([]);
+  // Started in the next check phase (setImmediate), before a later one of the same phase.
+  await new Promise<void>((resolve) => setImmediate(resolve));
+  expect(events).toEqual(['capture res-1 1']);
+  await capture.done;
+  expect(charges.settled('acct-1')).toBeUndefined();
+});
