@@ -24,6 +24,9 @@
  * count of requests in flight: under load a request is usually the only one in flight when it reserves (the
  * others of its poll phase are not parsed yet), while the captures answered together keep sharing groups.
  *
+ * `shared()` tells the same (a group of more than one ran in the last QUIET_MS) to the short writes that run
+ * outside groups (Database.write): while it holds, they join the next group instead of committing alone.
+ *
  * With nothing waiting, a transaction is exactly BEGIN IMMEDIATE, its statements, COMMIT: no savepoint is
  * opened for the first function of a group. PostgreSQL does not need this (a pool of connections commits in
  * parallel) and does not use it.
@@ -69,7 +72,12 @@ export const EAGER: TransactionOptions = Object.freeze({ eager: true });
 export const QUIET_MS = 50;
 
 /** The group-committing runner, and whether a group is scheduled or running (a write asked for now joins one). */
-export type GroupCommitting<DB> = { transaction: TransactionRunner<DB>; busy(): boolean };
+export type GroupCommitting<DB> = {
+  transaction: TransactionRunner<DB>;
+  busy(): boolean;
+  /** Whether a group of more than one transaction ran in the last QUIET_MS (others are writing). */
+  shared(): boolean;
+};
 
 /**
  * Runs a statement of the group's own (BEGIN IMMEDIATE, COMMIT, ROLLBACK, `savepoint x`, `release savepoint x`,
@@ -283,5 +291,6 @@ export function groupCommitting<DB>(
         else setImmediate(start);
       }),
     busy: () => draining || scheduled,
+    shared: () => performance.now() < sharedUntil,
   };
 }

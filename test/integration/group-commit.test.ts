@@ -106,11 +106,13 @@ describe('group commit (SQLite)', () => {
     expect(committedLabels()).toEqual(['first', 'second']);
   });
 
+  const insert = (n: number, label: string) =>
+    database.write((runner) =>
+      runner.executeQuery(sql`insert into items (n, label) values (${n}, ${label})`.compile(database.db)),
+    );
+
   test('behavior: a write runs at once on its own when no group is under way, and joins the group when one is', async () => {
-    const insert = (n: number, label: string) =>
-      database.write((runner) =>
-        runner.executeQuery(sql`insert into items (n, label) values (${n}, ${label})`.compile(database.db)),
-      );
+    await quiet();
     await insert(0, 'alone');
     expect(statements).toEqual(['insert into items (n, label) values (?, ?)']);
 
@@ -121,6 +123,43 @@ describe('group commit (SQLite)', () => {
     expect(statements.filter((s) => s === 'commit')).toHaveLength(1);
     expect(statements.filter((s) => s.startsWith('savepoint'))).toHaveLength(1);
     expect(committedLabels()).toEqual(['alone', 'first', 'joined']);
+  });
+
+  test('behavior: after a shared group, a write waits its turn and shares the next group (until the groups have been quiet)', async () => {
+    await quiet();
+    // Two callbacks of one turn: one group of two.
+    await new Promise<void>((resolve) => {
+      setImmediate(() => void appendOne('first'));
+      setImmediate(() => void appendOne('second').then(() => resolve()));
+    });
+    statements.length = 0;
+    // Others are writing: the write is not run alone at once, but in the next check phase's group.
+    const order: string[] = [];
+    const turn = new Promise<void>((resolve) =>
+      setImmediate(() => {
+        order.push('turn');
+        resolve();
+      }),
+    );
+    await Promise.all([insert(2, 'write, busy').then(() => order.push('committed')), turn]);
+    expect(order).toEqual(['turn', 'committed']);
+    expect(statements).toEqual(['begin', 'insert into items (n, label) values (?, ?)', 'commit']);
+    // A write and a transaction asked for in the same turn share one commit.
+    statements.length = 0;
+    await Promise.all([insert(3, 'write'), appendOne('transaction')]);
+    expect(statements.filter((s) => s === 'commit')).toHaveLength(1);
+    await quiet();
+    statements.length = 0;
+    await insert(5, 'write, quiet');
+    expect(statements).toEqual(['insert into items (n, label) values (?, ?)']);
+    expect(committedLabels()).toEqual([
+      'first',
+      'second',
+      'write, busy',
+      'write',
+      'transaction',
+      'write, quiet',
+    ]);
   });
 
   test('behavior: an eager transaction starts at once while no group has been shared; a plain one waits its turn', async () => {
@@ -187,6 +226,7 @@ describe('group commit (SQLite)', () => {
     const select = sql<{ n: bigint; label: string }>`select n, label from items order by n`.compile(
       database.db,
     );
+    await quiet();
     // Kysely's own answers for the same statements, for comparison.
     const viaKysely = await database.db.executeQuery(insert(1, 'kysely'));
     const kyselyRefusal = await database.db.executeQuery(insert(1, 'again')).then(
