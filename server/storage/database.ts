@@ -69,11 +69,11 @@ export type Database = {
   /**
    * Runs a short write that needs no transaction of its own (one statement, or statements each valid alone)
    * with `runner`: on SQLite in the commit group that is scheduled or running when one is (its commit is
-   * shared; it waits no longer than it would for the connection), and while others are writing (a group of
-   * more than one committed in the last QUIET_MS) in the next group, a turn of the event loop later; otherwise
-   * at once on its own (autocommit). On PostgreSQL always at once on the pool.
+   * shared; it waits no longer than it would for the connection), otherwise at once on its own (autocommit);
+   * with `JOIN_SHARED`, also in the next group (a turn of the event loop later) while others are writing (a
+   * group of more than one committed in the last QUIET_MS). On PostgreSQL always at once on the pool.
    */
-  write<T>(fn: (runner: StatementRunner) => Promise<T>): Promise<T>;
+  write<T>(fn: (runner: StatementRunner) => Promise<T>, options?: WriteOptions): Promise<T>;
   /**
    * SQLite only: a stamp that changes when another connection (another process: the operator CLI, another
    * worker) has committed to the file since the last read on this one (`PRAGMA data_version`, which ignores
@@ -92,6 +92,19 @@ export type Database = {
    */
   forAccountRow?: AccountGate<Kysely<Tables>>;
 };
+
+/** How a short write is asked for (Database.write). */
+export type WriteOptions = {
+  /**
+   * On SQLite, while others are writing, wait for the next commit group rather than commit alone: for a write
+   * that a transaction of the same request follows anyway (the chat's rate-limit admission, before its
+   * reservation), so that under load it shares a commit with the writes of its turn.
+   */
+  joinShared?: boolean;
+};
+
+/** Database.write's option for a write that shares the next group while others write (WriteOptions). */
+export const JOIN_SHARED: WriteOptions = Object.freeze({ joinShared: true });
 
 /**
  * Runs `write`, a change that decides what a hold may take (a key's spend limit, a DIEM stake), with a change
@@ -250,13 +263,14 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   const group = groupCommitting(db, raw, reusable, GROUP_COMMIT_MAX, direct);
   // A short write outside a group runs straight on the connection too: no other transaction can be open on
   // it then (every write transaction is the group's), and a statement never is half-run (better-sqlite3 is
-  // synchronous). While others write (group.shared()), it waits for the next group instead of committing
-  // alone: a loaded chat's rate-limit admission then shares a commit with the reservations and captures of
-  // its turn (bench/HISTORY.md, thirty-fourth round: 5 to 7% more chats a second at 16 connections).
+  // synchronous). With JOIN_SHARED, while others write (group.shared()), it waits for the next group instead
+  // of committing alone: a loaded chat's rate-limit admission then shares a commit with the reservations and
+  // captures of its turn (bench/HISTORY.md, thirty-fourth round: 5 to 7% more chats a second at 16
+  // connections).
   const runner: StatementRunner = directRunner(direct);
   // Every SQLite statement is prepared once (cachingStatements).
-  const wrapped = wrap(db, 'sqlite', true, group.transaction, (fn) =>
-    group.busy() || group.shared() ? group.transaction(fn) : fn(runner),
+  const wrapped = wrap(db, 'sqlite', true, group.transaction, (fn, options) =>
+    group.busy() || (options?.joinShared === true && group.shared()) ? group.transaction(fn) : fn(runner),
   );
   const dataVersion = sqlite.prepare('PRAGMA data_version').pluck().safeIntegers(false);
   let noted = 0;

@@ -25,7 +25,8 @@
  * others of its poll phase are not parsed yet), while the captures answered together keep sharing groups.
  *
  * `shared()` tells the same (a group of more than one ran in the last QUIET_MS) to the short writes that run
- * outside groups (Database.write): while it holds, they join the next group instead of committing alone.
+ * outside groups (Database.write): while it holds, those asked for with JOIN_SHARED join the next group
+ * instead of committing alone.
  *
  * With nothing waiting, a transaction is exactly BEGIN IMMEDIATE, its statements, COMMIT: no savepoint is
  * opened for the first function of a group. PostgreSQL does not need this (a pool of connections commits in

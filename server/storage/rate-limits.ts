@@ -26,7 +26,7 @@
  * at about 300 to 400 µs of the adapter's path on the VM of bench/HISTORY.md's twenty-second round.
  */
 import { type Selectable, sql } from 'kysely';
-import type { Database } from './database.ts';
+import { type Database, JOIN_SHARED } from './database.ts';
 import { InvalidInputError } from './errors.ts';
 import {
   changedAny,
@@ -345,7 +345,8 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       // A loop, not `flatMap`: V8 11 builds a `flatMap`'s result one runtime call per element.
       const values: Array<string | number> = [];
       for (const w of ordered) values.push(w.bucket, w.start, w.cost, w.cap);
-      const rows = await database.write((runner) => countAll(ordered.length)(runner, ...values));
+      // While others write, in the next commit group: the request's reservation follows in one anyway.
+      const rows = await database.write((runner) => countAll(ordered.length)(runner, ...values), JOIN_SHARED);
       const counted = new Map(rows.map((row) => [row.bucket, toNumber(row.used)]));
       if (counted.size === windows.length)
         return { allowed: true, windows: windows.map((w) => hitResult(w, counted.get(w.bucket) ?? 0, true)) };

@@ -9,7 +9,12 @@ import { join } from 'node:path';
 import Sqlite from 'better-sqlite3';
 import { sql, type Transaction } from 'kysely';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
-import { createDatabase, type Database } from '../../server/storage/database.ts';
+import {
+  createDatabase,
+  type Database,
+  JOIN_SHARED,
+  type WriteOptions,
+} from '../../server/storage/database.ts';
 import { EAGER, QUIET_MS, TransactionEndedError } from '../../server/storage/group-commit.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'svc-group-commit-'));
@@ -106,13 +111,14 @@ describe('group commit (SQLite)', () => {
     expect(committedLabels()).toEqual(['first', 'second']);
   });
 
-  const insert = (n: number, label: string) =>
-    database.write((runner) =>
-      runner.executeQuery(sql`insert into items (n, label) values (${n}, ${label})`.compile(database.db)),
+  const insert = (n: number, label: string, options?: WriteOptions) =>
+    database.write(
+      (runner) =>
+        runner.executeQuery(sql`insert into items (n, label) values (${n}, ${label})`.compile(database.db)),
+      options,
     );
 
   test('behavior: a write runs at once on its own when no group is under way, and joins the group when one is', async () => {
-    await quiet();
     await insert(0, 'alone');
     expect(statements).toEqual(['insert into items (n, label) values (?, ?)']);
 
@@ -125,7 +131,7 @@ describe('group commit (SQLite)', () => {
     expect(committedLabels()).toEqual(['alone', 'first', 'joined']);
   });
 
-  test('behavior: after a shared group, a write waits its turn and shares the next group (until the groups have been quiet)', async () => {
+  test('behavior: after a shared group, a JOIN_SHARED write waits its turn and shares the next group (until the groups have been quiet); a plain one still runs alone', async () => {
     await quiet();
     // Two callbacks of one turn: one group of two.
     await new Promise<void>((resolve) => {
@@ -141,16 +147,20 @@ describe('group commit (SQLite)', () => {
         resolve();
       }),
     );
-    await Promise.all([insert(2, 'write, busy').then(() => order.push('committed')), turn]);
+    await Promise.all([insert(2, 'write, busy', JOIN_SHARED).then(() => order.push('committed')), turn]);
     expect(order).toEqual(['turn', 'committed']);
     expect(statements).toEqual(['begin', 'insert into items (n, label) values (?, ?)', 'commit']);
     // A write and a transaction asked for in the same turn share one commit.
     statements.length = 0;
-    await Promise.all([insert(3, 'write'), appendOne('transaction')]);
+    await Promise.all([insert(3, 'write', JOIN_SHARED), appendOne('transaction')]);
     expect(statements.filter((s) => s === 'commit')).toHaveLength(1);
+    // Without the option, the same write runs at once on its own.
+    statements.length = 0;
+    await insert(5, 'plain write, busy');
+    expect(statements).toEqual(['insert into items (n, label) values (?, ?)']);
     await quiet();
     statements.length = 0;
-    await insert(5, 'write, quiet');
+    await insert(6, 'write, quiet', JOIN_SHARED);
     expect(statements).toEqual(['insert into items (n, label) values (?, ?)']);
     expect(committedLabels()).toEqual([
       'first',
@@ -158,6 +168,7 @@ describe('group commit (SQLite)', () => {
       'write, busy',
       'write',
       'transaction',
+      'plain write, busy',
       'write, quiet',
     ]);
   });
@@ -226,7 +237,6 @@ describe('group commit (SQLite)', () => {
     const select = sql<{ n: bigint; label: string }>`select n, label from items order by n`.compile(
       database.db,
     );
-    await quiet();
     // Kysely's own answers for the same statements, for comparison.
     const viaKysely = await database.db.executeQuery(insert(1, 'kysely'));
     const kyselyRefusal = await database.db.executeQuery(insert(1, 'again')).then(
