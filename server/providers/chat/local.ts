@@ -9,6 +9,7 @@
  * prefix reads them from the cache.
  */
 import { createHash } from 'node:crypto';
+import type { AbortLike } from '../../http/request-abort.ts';
 import { extend } from '../../objects.ts';
 import { mulberry32 } from '../random.ts';
 import { countMessageTokens, countPromptTokens, countTokens, decodeToken, encodeText } from './tokenizer.ts';
@@ -566,6 +567,22 @@ class Deltas {
   }
 }
 
+/**
+ * The event loop's turn between two tokens (`pause`): what `deltas` gathered since the last turn goes first (a
+ * delta, for a caller that reads the answer whole), and the request may have been aborted meanwhile. At module
+ * level, as every generator function of a request's path (see `introThenSentences`).
+ */
+async function* takeTurn(
+  deltas: Deltas,
+  pause: () => Promise<void>,
+  signal: AbortLike | undefined,
+): AsyncGenerator<ChatEvent, void, undefined> {
+  const gathered = deltas.take();
+  if (gathered) yield gathered;
+  await pause();
+  signal?.throwIfAborted();
+}
+
 export function createLocalChatEngine(options: LocalChatEngineOptions = {}): ChatProvider {
   const cache = createPromptCache(options.cacheEntries ?? 1000);
   const delay = options.tokenDelayMs ?? 0;
@@ -640,12 +657,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
         for (const planned of plan) {
           if (emitted >= budget) break;
           signal?.throwIfAborted();
-          if (pauseDue()) {
-            const gathered = thinking.take();
-            if (gathered) yield gathered;
-            await pause();
-            signal?.throwIfAborted();
-          }
+          if (pauseDue()) yield* takeTurn(thinking, pause, signal);
           const text = decodeToken(planned.token);
           emitted++;
           reasoningTokens++;
@@ -684,12 +696,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
               finish = 'length';
               break;
             }
-            if (pauseDue()) {
-              const gathered = argued.take();
-              if (gathered) yield gathered;
-              await pause();
-              signal?.throwIfAborted();
-            }
+            if (pauseDue()) yield* takeTurn(argued, pause, signal);
             emitted++;
             unpaused++;
             const delta = argued.push(decodeToken(token), undefined);
@@ -742,12 +749,7 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
             }
             const room = cut - sent;
             if (room <= 0) break;
-            if (pauseDue()) {
-              const gathered = said.take();
-              if (gathered) yield gathered;
-              await pause();
-              signal?.throwIfAborted();
-            }
+            if (pauseDue()) yield* takeTurn(said, pause, signal);
             let text = decodeToken(planned.token);
             const partial = text.length > room;
             if (partial) text = text.slice(0, room);
