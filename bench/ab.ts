@@ -37,7 +37,7 @@ import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
 import { countedLatencies, type ThreadCounters } from './counters.ts';
 import { headersPerConnection, median, type Target, throughput } from './measure.ts';
-import { type Child, cleanUpOnInterrupt, startFlags, startNodeChild, stopAll, track } from './processes.ts';
+import { cleanUpOnInterrupt, startFlags, startNodeChild, stopAll, track } from './processes.ts';
 import {
   adapterTarget,
   catalogOverride,
@@ -293,10 +293,7 @@ async function main(): Promise<void> {
           funded,
         };
       };
-      const servers = {} as Record<
-        'A' | 'B',
-        { child: Child; key: string; funded: Awaited<ReturnType<typeof start>>['funded'] }
-      >;
+      const servers = {} as Record<'A' | 'B', Awaited<ReturnType<typeof start>>>;
       for (const side of inOrder(startedFirst)) servers[side] = await start(side);
       try {
         for (let round = 0; round < rounds / 2; round++) {

@@ -274,6 +274,8 @@ export function groupCommitting<DB>(
     }
   }
 
+  /** Whether a group of more than one ran in the last QUIET_MS: eager transactions and JOIN_SHARED writes wait. */
+  const groupsShared = () => performance.now() < sharedUntil;
   // The first transaction asked for while nothing runs schedules the group; those asked for until it starts
   // (or while it runs) join it or the next one.
   let scheduled = false;
@@ -288,10 +290,10 @@ export function groupCommitting<DB>(
         queue.push({ fn, resolve: resolve as (value: unknown) => void, reject });
         if (draining || scheduled) return;
         scheduled = true;
-        if (options?.eager && performance.now() >= sharedUntil) queueMicrotask(start);
+        if (options?.eager && !groupsShared()) queueMicrotask(start);
         else setImmediate(start);
       }),
     busy: () => draining || scheduled,
-    shared: () => performance.now() < sharedUntil,
+    shared: groupsShared,
   };
 }

@@ -352,7 +352,7 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       for (const w of ordered) values.push(w.bucket, w.start, w.cost, w.cap);
       const rows = await database.write(
         (runner) => countAll(ordered.length)(runner, ...values),
-        input.joinShared === true ? JOIN_SHARED : undefined,
+        input.joinShared ? JOIN_SHARED : undefined,
       );
       const counted = new Map(rows.map((row) => [row.bucket, toNumber(row.used)]));
       if (counted.size === windows.length)

@@ -6,18 +6,12 @@
 import { describe, expect, test } from 'vitest';
 import { createLocalChatEngine } from '../../server/providers/chat/local.ts';
 import type { ChatEvent, ChatProviderRequest } from '../../server/providers/chat/types.ts';
+import { engineRequest } from '../support/local-engine.ts';
 
 const engine = createLocalChatEngine();
 
 async function answer(overrides: Partial<ChatProviderRequest>) {
-  const request: ChatProviderRequest = {
-    model: 'llama-3.3-70b',
-    messages: [{ role: 'user', content: 'Write 300 words about rivers.' }],
-    maxTokens: 4096,
-    n: 1,
-    sampling: { seed: 42 },
-    ...overrides,
-  };
+  const request = engineRequest(42, overrides);
   let content = '';
   let finish: string | undefined;
   let tokens = 0;

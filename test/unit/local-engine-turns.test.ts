@@ -12,6 +12,7 @@ import { createHook } from 'node:async_hooks';
 import { describe, expect, test } from 'vitest';
 import { createLocalChatEngine } from '../../server/providers/chat/local.ts';
 import type { ChatEvent, ChatProviderRequest } from '../../server/providers/chat/types.ts';
+import { engineRequest } from '../support/local-engine.ts';
 
 type Counted = { immediates: number; timeouts: number; tokens: number; reasoning: number; finish: string[] };
 
@@ -20,14 +21,7 @@ async function turnsOf(
   engine: ReturnType<typeof createLocalChatEngine>,
   overrides: Partial<ChatProviderRequest>,
 ): Promise<Counted> {
-  const request: ChatProviderRequest = {
-    model: 'llama-3.3-70b',
-    messages: [{ role: 'user', content: 'Write 300 words about rivers.' }],
-    maxTokens: 4096,
-    n: 1,
-    sampling: { seed: 7 },
-    ...overrides,
-  };
+  const request = engineRequest(7, overrides);
   const counted: Counted = { immediates: 0, timeouts: 0, tokens: 0, reasoning: 0, finish: [] };
   const hook = createHook({
     init(_id, type) {
