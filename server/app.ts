@@ -6,9 +6,11 @@
  *   -> express-openapi-validator (shape, 404/405/415; responses too when enabled) -> the typed handler of the operation
  *   -> one error handler writing the interface's error bodies.
  *
- * Handlers are looked up by the operationId the validator matched, so the spec is the router. The steps from
- * authentication to dispatch run as one Express layer (http/pipeline.ts): the router's per-layer matching
- * would otherwise run a dozen times per request.
+ * Handlers are looked up by the operationId the validator matched, so the spec is the router. Every step up to
+ * dispatch runs in one Express layer (http/pipeline.ts): the router's per-layer matching would otherwise run a
+ * dozen times per request, and the routes outside the base path (the operations surface, pre-signed media
+ * links) are one router that a request under the base path skips (1% of a JSON-RPC call's instructions:
+ * bench/HISTORY.md, thirty-fifth round).
  */
 import type { ServerResponse } from 'node:http';
 import compression from 'compression';
@@ -24,7 +26,13 @@ import { refuseNonFiniteParameters } from './http/finite-numbers.ts';
 import type { InFlight } from './http/in-flight.ts';
 import { jsonBody } from './http/json-body.ts';
 import { limitJsonDepth } from './http/json-depth.ts';
-import { pathBelowBase, rememberRouteMatches, sequence, underBasePath } from './http/pipeline.ts';
+import {
+  outsideBasePath,
+  pathBelowBase,
+  rememberRouteMatches,
+  sequence,
+  underBasePath,
+} from './http/pipeline.ts';
 import { randomHex } from './http/random-hex.ts';
 import { type AbortLike, RequestAbort } from './http/request-abort.ts';
 import { memoizeRouteRegexps } from './http/route-regexps.ts';
@@ -49,7 +57,7 @@ export type AppDeps = {
    */
   admit?(input: { operationId: OperationId; principal: Principal; body: unknown }): Promise<ReplyHeaders>;
   /** Routes outside the contract and its base path (pre-signed media links), mounted before authentication. */
-  mountRoutes?(app: express.Express): void;
+  mountRoutes?(router: express.Router): void;
   /**
    * Takes one of the caller's in-flight slots before admission (wallets: at most 5 paid requests at once, and
    * the wallet's admission minimum checked with the slot); returns the release, called when the response is
@@ -178,7 +186,7 @@ export function createApp(deps: AppDeps): App {
   const responseLog = logger.child({}, { redact: { paths: [] } });
 
   // Request id and the headers every response carries.
-  app.use((req, res, next) => {
+  const identify: RequestHandler = (req, res, next) => {
     deps.inFlight?.track(res);
     const requestId = `${randomHex(8)}-${config.colo}`;
     const locals = new Locals(requestId, process.hrtime.bigint(), logger);
@@ -202,10 +210,10 @@ export function createApp(deps: AppDeps): App {
       );
     });
     next();
-  });
+  };
 
   // CORS, including the x402 headers a browser client must be able to read and send.
-  app.use((req, res, next) => {
+  const cors: RequestHandler = (req, res, next) => {
     const origin = req.headers.origin;
     const allowAll = config.corsOrigins.includes('*');
     if (origin && (allowAll || config.corsOrigins.includes(origin))) {
@@ -221,17 +229,21 @@ export function createApp(deps: AppDeps): App {
       return;
     }
     next();
-  });
+  };
 
   // gzip or br for JSON and CSV only: never for event streams or binary media. A client that accepts no
   // encoding skips the middleware (it would wrap the response's write and end for nothing).
   const compress = compression({
     filter: (_req, res) => /^(application\/json|text\/csv)/.test(String(res.getHeader('Content-Type') ?? '')),
   });
-  app.use((req, res, next) => (req.headers['accept-encoding'] ? compress(req, res, next) : next()));
+  const compressible: RequestHandler = (req, res, next) =>
+    req.headers['accept-encoding'] ? compress(req, res, next) : next();
 
-  mountOperationsSurface(app, deps);
-  deps.mountRoutes?.(app);
+  // The routes outside the contract (the operations surface, pre-signed media links): one router that a
+  // request under the base path never enters (its routes would be matched one by one on every API request).
+  const outside = express.Router();
+  mountOperationsSurface(outside, deps);
+  deps.mountRoutes?.(outside);
 
   // Authentication, from the operation's `security` in the spec.
   const authenticate = underBasePath((req, res, next) => {
@@ -357,9 +369,13 @@ export function createApp(deps: AppDeps): App {
       );
   });
 
-  // One Express layer for the whole contract path (see http/pipeline.ts): the same steps, in this order.
+  // One Express layer for every request (see http/pipeline.ts): the same steps, in this order.
   app.use(
     sequence([
+      identify,
+      cors,
+      compressible,
+      outsideBasePath(outside),
       authenticate,
       parseJson,
       limitJsonDepth,

@@ -10,6 +10,7 @@
  *
  * `underBasePath` keeps a step to the paths an `app.use(BASE_PATH, step)` would have given it, with the
  * same case-insensitive prefix rule; its step sees the full path (`req.path`), not one relative to the base.
+ * `outsideBasePath` is its converse: the routes outside the contract, which an API request then never enters.
  *
  * `rememberRouteMatches` puts a bounded cache in front of express-openapi-validator's metadata middleware,
  * which otherwise compares the request's path with every route of the spec on every request: the match is
@@ -66,6 +67,11 @@ export function pathBelowBase(path: string): string {
 /** `step` for the paths under the base path; the others go straight on. */
 export function underBasePath(step: Step): Step {
   return (req, res, next) => (isUnderBasePath(req.path) ? step(req, res, next) : next());
+}
+
+/** `step` for the paths outside the base path; the others go straight on. */
+export function outsideBasePath(step: Step): Step {
+  return (req, res, next) => (isUnderBasePath(req.path) ? next() : step(req, res, next));
 }
 
 type OpenApiMatch = { pathParams?: Record<string, string> } & Record<string, unknown>;

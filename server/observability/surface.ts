@@ -30,7 +30,7 @@ const docsPage = (title: string) => `<!doctype html>
 const docsInit = `window.ui = SwaggerUIBundle({ url: '/openapi.yaml', dom_id: '#docs', deepLinking: true,
   defaultModelsExpandDepth: 0, displayRequestDuration: true, tryItOutEnabled: false });`;
 
-export function mountOperationsSurface(app: express.Express, deps: AppDeps): void {
+export function mountOperationsSurface(app: express.Router, deps: AppDeps): void {
   const bundle = readFileSync(defaultSpecPath);
   const title = `${String(deps.contract.document.info.title)} ${deps.contract.version}`;
 

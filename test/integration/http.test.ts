@@ -261,6 +261,41 @@ describe('operations surface', () => {
     expect(asset.status).toBe(200);
     expect((await asset.arrayBuffer()).byteLength).toBeGreaterThan(100_000);
   });
+
+  test('behavior: the routes outside the contract answer with its headers, and an API request never enters them', async () => {
+    const entered: string[] = [];
+    const outside = await startTestApp({
+      auth: { authenticateApiKey: async (secret) => keys[secret] },
+      handlers: { listImageStyles: async () => ({ status: 200, body: { object: 'list', data: ['x'] } }) },
+      mountRoutes: (router) => {
+        router.use((req, _res, next) => {
+          entered.push(req.path);
+          next();
+        });
+        router.get('/media/thing', (_req, res) => {
+          res.json({ thing: true });
+        });
+      },
+    });
+    try {
+      const media = await fetch(`${outside.origin}/media/thing`, {
+        headers: { origin: 'https://app.example' },
+      });
+      expect(media.status).toBe(200);
+      expect(await media.json()).toEqual({ thing: true });
+      expect(media.headers.get('cf-ray')).toBeTruthy();
+      expect((await fetch(`${outside.origin}/healthz`)).status).toBe(200);
+      expect((await fetch(`${outside.origin}/nowhere`)).status).toBe(404);
+      expect((await fetch(`${outside.url}/image/styles`, { headers: inference })).status).toBe(200);
+      // The base path's prefix in capitals is still under it (as Express mounts), though no operation's path.
+      expect((await fetch(`${outside.origin}/API/V1/image/styles`, { headers: inference })).status).toBe(404);
+      expect((await fetch(`${outside.url}/nowhere`, { headers: inference })).status).toBe(404);
+      // The operations surface comes first: /healthz is answered before these routes.
+      expect(entered).toEqual(['/media/thing', '/nowhere']);
+    } finally {
+      await outside.close();
+    }
+  });
 });
 
 describe('CORS and compression', () => {

@@ -3,7 +3,7 @@
  */
 import type { AddressInfo } from 'node:net';
 import { type Logger, pino } from 'pino';
-import { type App, createApp } from '../../server/app.ts';
+import { type App, type AppDeps, createApp } from '../../server/app.ts';
 import { type Config, loadConfig } from '../../server/config.ts';
 import { discoveryPaymentRequired } from '../../server/domains/wallet/discovery.ts';
 import { createHandlers, type HandlerGroups } from '../../server/handlers.ts';
@@ -21,6 +21,8 @@ export async function startTestApp(
     readiness?: () => Promise<void>;
     /** The app's logger (silent by default). */
     logger?: Logger;
+    /** Routes outside the contract (AppDeps.mountRoutes). */
+    mountRoutes?: AppDeps['mountRoutes'];
   } = {},
 ): Promise<TestApp> {
   const config = loadConfig({ NODE_ENV: 'test', LOG_LEVEL: 'silent', PORT: '0', ...options.env });
@@ -42,6 +44,7 @@ export async function startTestApp(
     handlers: createHandlers(options.handlers ?? {}),
     metrics: createMetrics(),
     readiness: options.readiness ?? (async () => {}),
+    ...(options.mountRoutes ? { mountRoutes: options.mountRoutes } : {}),
   });
   const server = app.listen(0, '127.0.0.1');
   await new Promise<void>((resolve, reject) => {

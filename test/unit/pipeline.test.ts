@@ -7,6 +7,7 @@ import type { NextFunction, Request, Response } from 'express';
 import { describe, expect, test } from 'vitest';
 import {
   isUnderBasePath,
+  outsideBasePath,
   pathBelowBase,
   rememberRouteMatches,
   sequence,
@@ -87,6 +88,24 @@ describe('the base-path rule', () => {
     await run([step], { path: '/healthz' });
     await run([step], { path: '/api/v1/models' });
     expect(seen).toEqual(['/api/v1/models']);
+  });
+
+  test('outsideBasePath runs its step only elsewhere, the base path matched as Express would mount it', async () => {
+    const seen: string[] = [];
+    const step = outsideBasePath((req, _s, next) => {
+      seen.push(req.path);
+      next();
+    });
+    for (const path of [
+      '/healthz',
+      '/api/v1/models',
+      '/API/V1/models',
+      '/api/v1',
+      '/api/v10',
+      '/media/video/a.mp4',
+    ])
+      expect(await run([step], { path })).toBe('done');
+    expect(seen).toEqual(['/healthz', '/api/v10', '/media/video/a.mp4']);
   });
 });
 

@@ -7,7 +7,7 @@
 import type express from 'express';
 import { DOWNLOAD_PATH, type VideoService } from './service.ts';
 
-export function mountVideoDownloads(app: express.Express, deps: { video: VideoService }): void {
+export function mountVideoDownloads(app: express.Router, deps: { video: VideoService }): void {
   const route = `${DOWNLOAD_PATH}/:file`;
   const notFound = (res: express.Response): void => {
     res.status(404).json({ error: 'Media could not be found. Request may be invalid, expired, or deleted.' });
