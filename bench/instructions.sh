@@ -20,7 +20,25 @@ if [ -n "${BENCH_KEEP:-}" ]; then out=$BENCH_KEEP; mkdir -p "$out"; else
   trap 'rm -rf "$out"' EXIT
 fi
 log="$out/inproc.log"
-BENCH_WARMUP=${BENCH_WARMUP:-3000} BENCH_MARKS=1 BENCH_PROFILE=0 valgrind --tool=callgrind --instr-atstart=no --separate-threads=yes --callgrind-out-file="$out/cg.%p" \
+# BENCH_CACHE_SIM=1: callgrind also simulates the caches (`--cache-sim=yes`: the first-level instruction and data
+# caches as valgrind reads them off this CPU, and as its last level this CPU's second-level cache, read from
+# sysfs: the VM reports a third level of 480 MB, which nothing of one process misses) and the line gains the
+# misses per request. The VM has no hardware counters (`perf stat -e instructions true`: not supported), and a
+# request's statements cost about four times as much in the server as in a loop because the rest of the request
+# evicts them (bench/HISTORY.md, thirty-fifth round): misses tell a working set that shrank, which instructions
+# do not.
+cache_sim=()
+if [ "${BENCH_CACHE_SIM:-}" = 1 ]; then
+  cache_sim=(--cache-sim=yes)
+  for level in /sys/devices/system/cpu/cpu0/cache/index*; do
+    if [ "$(cat "$level/level" 2>/dev/null)" = 2 ] && [ "$(cat "$level/type")" = Unified ]; then
+      size=$(cat "$level/size")
+      case $size in *K) size=$((${size%K} * 1024)) ;; *M) size=$((${size%M} * 1048576)) ;; esac
+      cache_sim+=("--LL=$size,$(cat "$level/ways_of_associativity"),$(cat "$level/coherency_line_size")")
+    fi
+  done
+fi
+BENCH_WARMUP=${BENCH_WARMUP:-3000} BENCH_MARKS=1 BENCH_PROFILE=0 valgrind --tool=callgrind "${cache_sim[@]}" --instr-atstart=no --separate-threads=yes --callgrind-out-file="$out/cg.%p" \
   node ${BENCH_NODE_FLAGS:-} --import tsx bench/inproc.ts "$target" "$count" >"$log" 2>&1 &
 runner=$!
 # shellcheck source=bench/inproc-marks.sh
@@ -42,3 +60,14 @@ compile=$(callgrind_annotate --inclusive=yes --threshold=100 "$dump" 2>/dev/null
   grep -E 'Runtime_(CompileOptimized|CompileLazy|CompileBaseline|InstallBaselineCode)\b' |
   awk '{ gsub(",", "", $1); sum += $1 } END { print sum + 0 }')
 echo "$target: $count requests, $((total / count)) instructions per request, $(((total - compile) / count)) without V8's compilation ($(grep -m1 "^$target" "$log" | sed 's/;.*//'))"
+if [ ${#cache_sim[@]} -gt 0 ]; then
+  # The dump's `events:` line names the columns of its `summary:` line (Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw).
+  awk -v count="$count" -v target="$target" '
+    /^events:/ { for (i = 2; i <= NF; i++) name[i] = $i }
+    /^summary:/ { for (i = 2; i <= NF; i++) value[name[i]] = $i }
+    END {
+      printf "%s: per request, first-level misses %d of instructions and %d of data (%d reads, %d writes), second-level (simulated last-level) misses %d\n",
+        target, value["I1mr"] / count, (value["D1mr"] + value["D1mw"]) / count, value["D1mr"] / count,
+        value["D1mw"] / count, (value["ILmr"] + value["DLmr"] + value["DLmw"]) / count
+    }' "$dump"
+fi
