@@ -30,15 +30,15 @@ const docsPage = (title: string) => `<!doctype html>
 const docsInit = `window.ui = SwaggerUIBundle({ url: '/openapi.yaml', dom_id: '#docs', deepLinking: true,
   defaultModelsExpandDepth: 0, displayRequestDuration: true, tryItOutEnabled: false });`;
 
-export function mountOperationsSurface(app: express.Router, deps: AppDeps): void {
+export function mountOperationsSurface(router: express.Router, deps: AppDeps): void {
   const bundle = readFileSync(defaultSpecPath);
   const title = `${String(deps.contract.document.info.title)} ${deps.contract.version}`;
 
-  app.get('/healthz', (_req, res) => {
+  router.get('/healthz', (_req, res) => {
     res.json({ status: 'ok', version: deps.contract.version });
   });
 
-  app.get('/readyz', async (_req, res) => {
+  router.get('/readyz', async (_req, res) => {
     try {
       await deps.readiness();
       res.json({ status: 'ready' });
@@ -49,7 +49,7 @@ export function mountOperationsSurface(app: express.Router, deps: AppDeps): void
     }
   });
 
-  app.get('/metrics', async (_req, res, next) => {
+  router.get('/metrics', async (_req, res, next) => {
     try {
       res.type('text/plain; version=0.0.4').send(await deps.metrics.render());
     } catch (error) {
@@ -57,19 +57,19 @@ export function mountOperationsSurface(app: express.Router, deps: AppDeps): void
     }
   });
 
-  app.get('/openapi.yaml', (_req, res) => {
+  router.get('/openapi.yaml', (_req, res) => {
     res.type('application/yaml').send(bundle);
   });
 
-  app.get(['/docs', '/docs/'], (_req, res) => {
+  router.get(['/docs', '/docs/'], (_req, res) => {
     res.type('text/html').send(docsPage(title));
   });
-  app.get('/docs/init.js', (_req, res) => {
+  router.get('/docs/init.js', (_req, res) => {
     res.type('text/javascript').send(docsInit);
   });
-  app.use('/docs/assets', express.static(swaggerUiDir, { index: false, maxAge: '1h' }));
+  router.use('/docs/assets', express.static(swaggerUiDir, { index: false, maxAge: '1h' }));
 
-  app.get('/', (_req, res) => {
+  router.get('/', (_req, res) => {
     res.json({
       name: deps.contract.document.info.title,
       version: deps.contract.version,

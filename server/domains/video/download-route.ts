@@ -7,7 +7,7 @@
 import type express from 'express';
 import { DOWNLOAD_PATH, type VideoService } from './service.ts';
 
-export function mountVideoDownloads(app: express.Router, deps: { video: VideoService }): void {
+export function mountVideoDownloads(router: express.Router, deps: { video: VideoService }): void {
   const route = `${DOWNLOAD_PATH}/:file`;
   const notFound = (res: express.Response): void => {
     res.status(404).json({ error: 'Media could not be found. Request may be invalid, expired, or deleted.' });
@@ -17,7 +17,7 @@ export function mountVideoDownloads(app: express.Router, deps: { video: VideoSer
     const token = typeof req.query.token === 'string' ? req.query.token : '';
     return match?.[1] && token ? { jobId: match[1], token } : undefined;
   };
-  app.get(route, (req, res, next) => {
+  router.get(route, (req, res, next) => {
     const link = parse(req);
     if (!link) {
       notFound(res);
@@ -32,7 +32,7 @@ export function mountVideoDownloads(app: express.Router, deps: { video: VideoSer
       })
       .catch(next);
   });
-  app.delete(route, (req, res, next) => {
+  router.delete(route, (req, res, next) => {
     const link = parse(req);
     if (!link) {
       notFound(res);
