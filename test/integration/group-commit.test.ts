@@ -53,8 +53,8 @@ const appendOne = (label: string, options?: typeof EAGER) =>
     return n;
   }, options);
 
-/** What settles first: `appendOne(label, options)` or a callback queued for the event loop's next check phase. */
-async function beforeTheTurn(label: string, options?: typeof EAGER) {
+/** What settles first: what `start` asks for, or a callback queued for the event loop's next check phase. */
+async function settlesFirst(start: () => Promise<unknown>) {
   const order: string[] = [];
   const turn = new Promise<void>((resolve) =>
     setImmediate(() => {
@@ -62,9 +62,13 @@ async function beforeTheTurn(label: string, options?: typeof EAGER) {
       resolve();
     }),
   );
-  await Promise.all([appendOne(label, options).then(() => order.push('committed')), turn]);
+  await Promise.all([start().then(() => order.push('committed')), turn]);
   return order[0];
 }
+
+/** What settles first: `appendOne(label, options)` or the next check phase's callback. */
+const beforeTheTurn = (label: string, options?: typeof EAGER) =>
+  settlesFirst(() => appendOne(label, options));
 
 const quiet = () => new Promise((resolve) => setTimeout(resolve, QUIET_MS + 20));
 
@@ -140,15 +144,7 @@ describe('group commit (SQLite)', () => {
     });
     statements.length = 0;
     // Others are writing: the write is not run alone at once, but in the next check phase's group.
-    const order: string[] = [];
-    const turn = new Promise<void>((resolve) =>
-      setImmediate(() => {
-        order.push('turn');
-        resolve();
-      }),
-    );
-    await Promise.all([insert(2, 'write, busy', JOIN_SHARED).then(() => order.push('committed')), turn]);
-    expect(order).toEqual(['turn', 'committed']);
+    expect(await settlesFirst(() => insert(2, 'write, busy', JOIN_SHARED))).toBe('turn');
     expect(statements).toEqual(['begin', 'insert into items (n, label) values (?, ?)', 'commit']);
     // A write and a transaction asked for in the same turn share one commit.
     statements.length = 0;
