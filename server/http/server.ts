@@ -28,6 +28,13 @@ export function createHttpServer(app: Express, options: ServerOptions = {}): Ser
     Reflect.apply(ServerResponse, this, [req, responseOptions]);
   }
   AppResponse.prototype = app.response;
+  // Static inheritance, as Node gives its own constructors: V8 sizes the objects a constructor makes from the
+  // properties its prototype chain of constructors assigns (IncomingMessage's and Readable's, ServerResponse's
+  // and OutgoingMessage's); a function whose own assigns nothing makes objects with room for a few only, whose
+  // other fields then go to a backing store, and the keyed stores of Node's symbol fields past the twelfth of
+  // those turn the object into a dictionary (slow mode) in its constructor, for the rest of the request.
+  Object.setPrototypeOf(AppRequest, IncomingMessage);
+  Object.setPrototypeOf(AppResponse, ServerResponse);
   return createServer(
     extend(options, {
       IncomingMessage: AppRequest as unknown as typeof IncomingMessage,

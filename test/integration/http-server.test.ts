@@ -3,6 +3,7 @@
  * prototypes from the start, so Express's per-request `setPrototypeOf` changes nothing; everything else must be
  * as with `app.listen`. Checked on a small application and on the real one (SQLite), against `app.listen`.
  */
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { IncomingMessage, type Server, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -16,6 +17,7 @@ import { loadConfig } from '../../server/config.ts';
 import { createHttpServer } from '../../server/http/server.ts';
 import { parseUsdToNano } from '../../server/money.ts';
 import { createServices } from '../../server/services.ts';
+import { repoRoot } from '../support/contract.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'http-server-'));
 const servers: Server[] = [];
@@ -51,6 +53,29 @@ describe('createHttpServer', () => {
     const fresh = await fetch(`${base}/y`, { headers: { connection: 'close' } });
     expect(fresh.status).toBe(200);
     expect(born).toEqual([true, true, true, true]);
+  });
+
+  test('behavior: its requests and responses stay fast objects in V8, through the whole application, as with app.listen', () => {
+    // In a process of its own: V8's `%HasFastProperties` needs --allow-natives-syntax (test/support/fast-properties.ts).
+    const output = execFileSync(
+      process.execPath,
+      ['--allow-natives-syntax', '--import', 'tsx', join('test', 'support', 'fast-properties.ts'), scratch],
+      { cwd: repoRoot, encoding: 'utf8', timeout: 60_000 },
+    );
+    const seen = JSON.parse(output) as Record<string, { req: boolean[]; res: boolean[]; status: number[] }>;
+    expect(Object.keys(seen)).toEqual(['createHttpServer', 'app.listen', 'application']);
+    for (const [name, { req, res, status }] of Object.entries(seen)) {
+      expect(req.length, name).toBeGreaterThanOrEqual(12);
+      expect(
+        status.every((code) => code === 200),
+        `${name}: ${status}`,
+      ).toBe(true);
+      expect({ name, req: req.every(Boolean), res: res.every(Boolean) }).toEqual({
+        name,
+        req: true,
+        res: true,
+      });
+    }
   });
 
   test('behavior: Express works as ever (routing, query, locals, status, JSON, errors, HEAD) and Node options reach the response', async () => {
