@@ -24,17 +24,21 @@ import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import Sqlite from 'better-sqlite3';
 import pg from 'pg';
-import { createApp } from '../server/app.ts';
-import { loadConfig } from '../server/config.ts';
-import { createHttpServer } from '../server/http/server.ts';
-import { createLogDestination } from '../server/observability/log-destination.ts';
-import { createLogger } from '../server/observability/logger.ts';
-import { createServices } from '../server/services.ts';
+import { compile } from '../server/compile.mjs';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
 import { startNodeChild } from './processes.ts';
 import { catalogOverride, fundedKey } from './setup.ts';
+
+// The server as `npm start` runs it: compiled without `keepNames` (bench/inproc-server.ts); with BENCH_TSX=1,
+// through this process's `tsx` loader instead (each closure then renamed with `Object.defineProperty`).
+const compiled =
+  process.env.BENCH_TSX === '1'
+    ? undefined
+    : await compile({ entry: 'bench/inproc-server.ts', name: 'bench-inproc', sourceMaps: false });
+const { createApp, createHttpServer, createLogDestination, createLogger, createServices, loadConfig } =
+  (await import(compiled ?? './inproc-server.ts')) as typeof import('./inproc-server.ts');
 
 const target =
   (

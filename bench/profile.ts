@@ -39,7 +39,7 @@ mkdirSync(outDir, { recursive: true });
 const profiler = withPerf
   ? ['--perf-basic-prof', '--no-logfile-per-isolate', `--logfile=${join(scratch, 'v8.log')}`]
   : ['--cpu-prof', `--cpu-prof-dir=${outDir}`];
-const child = spawn(process.execPath, [...profiler, '--import', 'tsx', 'server/main.ts'], {
+const child = spawn(process.execPath, [...profiler, 'server/start.mjs'], {
   cwd: repoRoot,
   stdio: 'inherit',
   env: {

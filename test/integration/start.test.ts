@@ -2,13 +2,17 @@
  * `npm start` (`server/start.mjs`): the server compiled once at start and run without a TypeScript loader in
  * the process. It serves and streams like `server/main.ts` under tsx, its compiled modules keep their own
  * paths (the spec and the catalogue next to them are found), and outside production its stack traces map
- * back to the `.ts` sources. The build does not wrap functions in esbuild's `__name` (no `keepNames`).
+ * back to the `.ts` sources. The build does not wrap functions in esbuild's `__name` (no `keepNames`), and it
+ * runs on a worker thread (server/compile.mjs), never in the thread that then runs the server.
  */
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { threadId } from 'node:worker_threads';
 import { afterAll, afterEach, describe, expect, test } from 'vitest';
 import { readSseEvents } from '../../client/sse.ts';
+import { compile } from '../../server/compile.mjs';
 import { repoRoot } from '../support/contract.ts';
 import { startServerProcess, stopServerProcesses } from '../support/server-process.ts';
 
@@ -18,7 +22,7 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 /** The build the launcher imported, as it names it on stderr. */
 function buildOf(output: string): string {
-  const path = /server\/start\.mjs: compiled in \d+ ms: (\S+)/.exec(output)?.[1];
+  const path = /server\/start\.mjs: compiled in \d+ ms on worker thread [1-9]\d*: (\S+)/.exec(output)?.[1];
   expect(path).toBeDefined();
   return join(repoRoot, path ?? '');
 }
@@ -84,5 +88,28 @@ describe('server/start.mjs', () => {
       ...readdirSync(join(build, 'chunks')).map((f) => join(build, 'chunks', f)),
     ];
     expect(modules.filter((path) => readFileSync(path, 'utf8').includes('__name('))).toEqual([]);
+  });
+
+  test('behavior: compile builds a module of ours on a worker thread; the build imports and works', {
+    timeout: 60_000,
+  }, async () => {
+    const logged: string[] = [];
+    const url = await compile({
+      entry: 'server/money.ts',
+      name: 'start-test-money',
+      sourceMaps: false,
+      log: (message) => logged.push(message),
+    });
+    expect(url).toMatch(/\/node_modules\/\.cache\/service-api\/start-test-money-[0-9a-f]{16}\/money\.js$/);
+    // Not the caller's thread: esbuild's API run there left Node's `process.nextTick` megamorphic.
+    const thread = Number(/compiled in \d+ ms on worker thread (\d+): /.exec(logged.join('\n'))?.[1]);
+    expect(thread).toBeGreaterThan(0);
+    expect(thread).not.toBe(threadId);
+    const money = (await import(url as string)) as typeof import('../../server/money.ts');
+    expect(money.parseUsdToNano('1.5')).toBe(1_500_000_000n);
+    rmSync(dirname(fileURLToPath(url as string)), { recursive: true, force: true });
+    await expect(
+      compile({ entry: 'server/no-such-module.ts', name: 'start-test-none', sourceMaps: false }),
+    ).rejects.toThrow(/no-such-module/);
   });
 });
