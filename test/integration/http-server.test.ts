@@ -10,13 +10,10 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import express from 'express';
-import { pino } from 'pino';
 import { afterAll, describe, expect, test } from 'vitest';
 import { createApp } from '../../server/app.ts';
-import { loadConfig } from '../../server/config.ts';
 import { createHttpServer } from '../../server/http/server.ts';
-import { parseUsdToNano } from '../../server/money.ts';
-import { createServices } from '../../server/services.ts';
+import { fundedServices } from '../support/app.ts';
 import { repoRoot } from '../support/contract.ts';
 
 const scratch = mkdtempSync(join(tmpdir(), 'http-server-'));
@@ -128,17 +125,8 @@ describe('createHttpServer', () => {
   });
 
   test('behavior: the real application answers the same through it as through app.listen', async () => {
-    const config = loadConfig({
-      NODE_ENV: 'test',
-      LOG_LEVEL: 'silent',
-      DATABASE_URL: `sqlite:${join(scratch, 'db.sqlite')}`,
-      VIDEO_WORKER_ENABLED: 'false',
-    });
-    const services = await createServices(config, pino({ level: 'silent' }));
+    const { services, secret } = await fundedServices(join(scratch, 'db.sqlite'));
     try {
-      const account = await services.accounts.createApiAccount({});
-      await services.ledger.topUp({ accountId: account.id, amountNano: parseUsdToNano('5') });
-      const { secret } = await services.keys.create({ accountId: account.id, keyType: 'INFERENCE' });
       const app = createApp(services.app);
       const bases = [await listening(createHttpServer(app)), await listening(app.listen(0, '127.0.0.1'))];
       const chat = (body: unknown, headers: Record<string, string> = {}) => ({

@@ -9,7 +9,9 @@ import { discoveryPaymentRequired } from '../../server/domains/wallet/discovery.
 import { createHandlers, type HandlerGroups } from '../../server/handlers.ts';
 import type { AuthPorts } from '../../server/http/auth.ts';
 import { loadContract } from '../../server/http/spec.ts';
+import { parseUsdToNano } from '../../server/money.ts';
 import { createMetrics } from '../../server/observability/metrics.ts';
+import { createServices, type Services } from '../../server/services.ts';
 
 export type TestApp = { url: string; origin: string; config: Config; app: App; close(): Promise<void> };
 
@@ -63,4 +65,28 @@ export async function startTestApp(
         server.close(() => resolve());
       }),
   };
+}
+
+/**
+ * The real services on the SQLite file `file` (test settings, silent), with an account funded with 5 USD and an
+ * INFERENCE key of it: for tests that serve the whole application through a server of their own. The caller
+ * closes `services`.
+ */
+export async function fundedServices(file: string): Promise<{ services: Services; secret: string }> {
+  const config = loadConfig({
+    NODE_ENV: 'test',
+    LOG_LEVEL: 'silent',
+    DATABASE_URL: `sqlite:${file}`,
+    VIDEO_WORKER_ENABLED: 'false',
+  });
+  const services = await createServices(config, pino({ level: 'silent' }));
+  try {
+    const account = await services.accounts.createApiAccount({});
+    await services.ledger.topUp({ accountId: account.id, amountNano: parseUsdToNano('5') });
+    const { secret } = await services.keys.create({ accountId: account.id, keyType: 'INFERENCE' });
+    return { services, secret };
+  } catch (error) {
+    await services.close();
+    throw error;
+  }
 }

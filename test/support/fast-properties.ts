@@ -10,12 +10,9 @@ import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import express, { type Express } from 'express';
-import { pino } from 'pino';
 import { createApp } from '../../server/app.ts';
-import { loadConfig } from '../../server/config.ts';
 import { createHttpServer } from '../../server/http/server.ts';
-import { parseUsdToNano } from '../../server/money.ts';
-import { createServices } from '../../server/services.ts';
+import { fundedServices } from './app.ts';
 
 const hasFastProperties = new Function('o', 'return %HasFastProperties(o)') as (o: object) => boolean;
 const scratch = process.argv[2];
@@ -63,17 +60,8 @@ try {
     for (let i = 0; i < 12; i++) await (await fetch(`${base}/items/${i}?a=1`)).text();
   }
 
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    LOG_LEVEL: 'silent',
-    DATABASE_URL: `sqlite:${join(scratch, 'fast-properties.sqlite')}`,
-    VIDEO_WORKER_ENABLED: 'false',
-  });
-  const services = await createServices(config, pino({ level: 'silent' }));
+  const { services, secret } = await fundedServices(join(scratch, 'fast-properties.sqlite'));
   try {
-    const account = await services.accounts.createApiAccount({});
-    await services.ledger.topUp({ accountId: account.id, amountNano: parseUsdToNano('5') });
-    const { secret } = await services.keys.create({ accountId: account.id, keyType: 'INFERENCE' });
     const server = createHttpServer(createApp(services.app));
     servers.push(server);
     const base = await listen('application', server);
