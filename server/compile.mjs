@@ -46,21 +46,23 @@ export function compile({ entry, name, sourceMaps, log }) {
     const worker = new Worker(new URL(import.meta.url), {
       workerData: { compile: { entry, name, sourceMaps } },
     });
-    let answered = false;
-    worker.once('message', (answer) => {
-      answered = true;
-      if (answer.error !== undefined) reject(new Error(answer.error));
+    let answer;
+    let failure;
+    worker.once('message', (message) => {
+      answer = message;
+    });
+    worker.once('error', (error) => {
+      failure = error;
+    });
+    // Settled once the worker is gone (its heap with it), before the caller loads the build.
+    worker.once('exit', () => {
+      if (failure !== undefined) reject(failure);
+      else if (answer === undefined) reject(new Error('the compiling worker stopped without an answer'));
+      else if (answer.error !== undefined) reject(new Error(answer.error));
       else {
         if (answer.message) log?.(answer.message);
         resolve(answer.url);
       }
-    });
-    worker.once('error', (error) => {
-      answered = true;
-      reject(error);
-    });
-    worker.once('exit', () => {
-      if (!answered) reject(new Error('the compiling worker stopped without an answer'));
     });
   });
 }
@@ -113,8 +115,8 @@ async function build({ entry, name, sourceMaps, log }) {
   const took = Date.now() - started;
   const hash = createHash('sha256');
   for (const file of result.outputFiles) hash.update(relative(outdir, file.path)).update(file.contents);
-  const build = `${name}-${hash.digest('hex').slice(0, 16)}`;
-  const target = join(cacheDir, build);
+  const folder = `${name}-${hash.digest('hex').slice(0, 16)}`;
+  const target = join(cacheDir, folder);
   if (!existsSync(join(target, `${entryName}.js`))) {
     const scratch = `${target}.${process.pid}.tmp`;
     for (const file of result.outputFiles) {
@@ -129,7 +131,7 @@ async function build({ entry, name, sourceMaps, log }) {
       rmSync(scratch, { recursive: true, force: true });
     }
   }
-  prune(name, build);
+  prune(name, folder);
   log?.(`compiled in ${took} ms on worker thread ${threadId}: ${relative(root, target)}`);
   return pathToFileURL(join(target, `${entryName}.js`)).href;
 }

@@ -3,8 +3,9 @@
  * loader living in it. `tsx` on Node 20 transforms every module through loader hooks that run on a thread of
  * their own for the life of the process, and keeps the inline source map of every module: about 50 to 80 MB
  * of resident memory that serve nothing once the server has started. Instead, the server's own modules are
- * compiled once at start with esbuild (server/compile.mjs; about half a second; the packages stay as they are
- * in node_modules, and modules loaded on first use with `import()` stay separate chunks, loaded only then) into
+ * compiled once at start with esbuild on a worker thread (server/compile.mjs; about half a second; the
+ * packages stay as they are in node_modules, and modules loaded on first use with `import()` stay separate
+ * chunks, loaded only then) into
  * `node_modules/.cache/service-api/server-<content hash>/`, and that is imported. Behaviour is the same:
  * `import.meta.url` of every module is its source file's URL, so paths next to a module resolve as before.
  *
