@@ -5,9 +5,9 @@
  * of resident memory that serve nothing once the server has started. Instead, the server's own modules are
  * compiled once at start with esbuild on a worker thread (server/compile.mjs; about half a second; the
  * packages stay as they are in node_modules, and modules loaded on first use with `import()` stay separate
- * chunks, loaded only then) into
- * `node_modules/.cache/service-api/server-<content hash>/`, and that is imported. Behaviour is the same:
- * `import.meta.url` of every module is its source file's URL, so paths next to a module resolve as before.
+ * chunks, loaded only then) into `node_modules/.cache/service-api/server-<content hash>/`, and that is
+ * imported. Behaviour is the same: `import.meta.url` of every module is its source file's URL, so paths next
+ * to a module resolve as before.
  *
  * Stack traces: outside production the build has linked source maps and Node applies them, so traces name
  * the `.ts` files and lines; with `NODE_ENV=production` there are no source maps (traces name the compiled
@@ -20,7 +20,8 @@ import { setFlagsFromString } from 'node:v8';
 import { compile } from './compile.mjs';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
-const entry = join(root, 'server', 'main.ts');
+/** The server's entry, from the repository's root: compiled, or loaded through `tsx` when that fails. */
+const entry = 'server/main.ts';
 const production = process.env.NODE_ENV === 'production';
 
 // As in main.ts (which sets it too, for other ways of starting), but before any module is loaded: loading them
@@ -28,7 +29,7 @@ const production = process.env.NODE_ENV === 'production';
 setFlagsFromString('--heap-growing-percent=30');
 
 const compiled = await compile({
-  entry: 'server/main.ts',
+  entry,
   name: 'server',
   sourceMaps: !production,
   log: (message) => process.stderr.write(`server/start.mjs: ${message}\n`),
@@ -42,5 +43,5 @@ if (compiled) {
 } else {
   const { register } = await import('tsx/esm/api');
   register();
-  await import(pathToFileURL(entry).href);
+  await import(pathToFileURL(join(root, entry)).href);
 }

@@ -4,7 +4,8 @@
  * requests and responses of `createHttpServer` as fast objects (properties in place, not a dictionary: V8's
  * `%HasFastProperties`, which only that flag exposes), seen when each response has finished. On a small
  * Express application, on the same through `app.listen`, and on the real application (SQLite in the scratch
- * folder, a chat and a JSON-RPC-free GET). Prints one JSON line: `{ [server]: { req: boolean[], res: boolean[], status: number[] } }`.
+ * folder, chats and model lists). Prints one JSON line:
+ * `{ [server]: { req: boolean[], res: boolean[], status: number[] } }`.
  */
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
