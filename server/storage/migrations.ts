@@ -5,17 +5,30 @@
  * Migrator holds an advisory lock, on SQLite the single connection does.
  *
  * Conventions: money is BIGINT nano-USD, times are BIGINT epoch milliseconds (`*_at_ms`), booleans are
- * INTEGER 0/1, enums are TEXT with a CHECK. The same statements run on both engines; the dialect switches are
- * the auto-increment column type and, where SQLite cannot change a table in place, making it again
- * (0020_ledger_entries_lean).
+ * INTEGER 0/1, enums are TEXT with a CHECK (`oneOf`: comparisons, not an IN list; 0023_check_comparisons).
+ * The same statements run on both engines; the dialect switches are the auto-increment column type and, where
+ * SQLite cannot change a table in place, making it again (0020_ledger_entries_lean, 0023_check_comparisons).
  */
 import { type Kysely, type Migration, type MigrationResultSet, Migrator, sql } from 'kysely';
+import { checkComparisons } from './check-comparisons.ts';
 import type { Database, Dialect } from './database.ts';
 import { MigrationError } from './errors.ts';
 import { walletMigration } from './wallet-migration.ts';
 
+/** An enumeration's CHECK as the migrations up to 0022 wrote it (0023_check_comparisons rewrites it on SQLite). */
 function inList(column: string, values: readonly string[]) {
   return sql`${sql.ref(column)} in (${sql.join(values.map((value) => sql.lit(value)))})`;
+}
+
+/**
+ * An enumeration's CHECK for the tables made from now on: comparisons, which SQLite evaluates without the
+ * ephemeral table an IN list of more than two values costs it at every row (check-comparisons.ts).
+ */
+export function oneOf(column: string, values: readonly string[]) {
+  return sql`(${sql.join(
+    values.map((value) => sql`${sql.ref(column)} = ${sql.lit(value)}`),
+    sql` or `,
+  )})`;
 }
 
 /**
@@ -542,6 +555,7 @@ export function storageMigrations(dialect: Dialect): Record<string, Migration> {
     '0020_ledger_entries_lean': ledgerEntriesLean(dialect),
     '0021_one_held_index': oneHeldIndex(),
     '0022_refund_by_seq': refundBySeq(),
+    '0023_check_comparisons': checkComparisons(dialect),
   };
 }
 

@@ -14,6 +14,7 @@ import { CompiledQuery, Migrator, sql } from 'kysely';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { type AccountsRepository, createAccounts } from '../../server/storage/accounts.ts';
 import { type ApiKeysRepository, createApiKeys } from '../../server/storage/api-keys.ts';
+import { withoutInLists } from '../../server/storage/check-comparisons.ts';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
 import {
   InsufficientBalanceError,
@@ -592,6 +593,155 @@ describe.each(engines)('storage on %s', (engine, open) => {
           ['REFUND', USD / 4n + USD / 8n + USD / 32n],
         ]);
         expect((await after.getBalance(account.id)).usdNano).toBe(10n * USD - USD / 16n);
+      });
+    });
+
+    test('behavior: 0023_check_comparisons keeps every row, index and counter; the checks refuse what they refused, and SQLite writes without ephemeral tables', async () => {
+      await atMigration('0022_refund_by_seq', 'comparisons', async (upgraded) => {
+        const before = createLedger(upgraded, clock);
+        const account = await createAccounts(upgraded, clock).createApiAccount();
+        const { key } = await createApiKeys(upgraded, clock).create({
+          accountId: account.id,
+          keyType: 'INFERENCE',
+          limitPeriod: 'MONTH',
+          modelPrivacy: 'PRIVATE_TEXT',
+        });
+        await before.topUp({ accountId: account.id, amountNano: 10n * USD });
+        const captured = await before.reserve({
+          accountId: account.id,
+          apiKeyId: key.id,
+          amountNano: USD,
+          requestId: 'captured',
+          ttlMs: 60_000,
+        });
+        await before.capture(captured.reservation.id, { items: [{ sku: 's', amountNano: USD / 4n }] });
+        const held = await before.reserve({
+          accountId: account.id,
+          amountNano: USD,
+          requestId: 'held',
+          ttlMs: 60_000,
+        });
+        const limits = createRateLimits(upgraded, clock);
+        for (const limitType of ['RPM', 'TPM', 'RPD'] as const)
+          await limits.logEvent({ accountId: account.id, limitType });
+        // The last event goes: AUTOINCREMENT must not give its number again.
+        const { rows: top } = await sql<{
+          seq: number | bigint;
+        }>`select max(seq) as seq from rate_limit_events`.execute(upgraded.db);
+        const deletedSeq = BigInt(top[0]?.seq ?? 0);
+        await sql`delete from rate_limit_events where seq = ${deletedSeq}`.execute(upgraded.db);
+        await createVideoJobs(upgraded, clock).create({
+          id: 'job',
+          accountId: account.id,
+          apiKeyId: null,
+          requestId: 'video',
+          modelId: 'm',
+          backend: 'local',
+          params: {},
+          priceNano: USD,
+          ttlMs: 3_600_000,
+        });
+        await sql`insert into x402_payments (payment_key, network, payer, amount_atomic, amount_nano, status,
+          payload, requirements, lease_until_ms, created_at_ms, updated_at_ms)
+          values ('p', 'eip155:8453', '0xabc', '1000000', ${USD}, 'pending', '{}', '{}', ${T0}, ${T0}, ${T0})`.execute(
+          upgraded.db,
+        );
+        const tables = [
+          'accounts',
+          'api_keys',
+          'reservations',
+          'ledger_entries',
+          'rate_limit_events',
+          'video_jobs',
+          'x402_payments',
+        ];
+        const rowsOf = async () => {
+          const all: Record<string, unknown[]> = {};
+          for (const table of tables)
+            all[table] = (await sql`select * from ${sql.table(table)} order by 1`.execute(upgraded.db)).rows;
+          return all;
+        };
+        const schemaOf = async (types: string[]) =>
+          (
+            await sql<{ type: string; name: string; tbl_name: string; sql: string | null }>`select type, name,
+              tbl_name, sql from sqlite_master where type in (${sql.join(types)}) order by name`.execute(
+              upgraded.db,
+            )
+          ).rows;
+        const rows = await rowsOf();
+        const indexes = engine === 'sqlite' ? await schemaOf(['index', 'trigger']) : [];
+
+        expect(await migrate(upgraded)).toEqual({ applied: migrationsFrom('0023_check_comparisons') });
+        expect(await rowsOf()).toEqual(rows);
+        if (engine === 'sqlite') {
+          expect(await schemaOf(['index', 'trigger'])).toEqual(indexes);
+          const remade = await schemaOf(['table']);
+          expect(remade.map((table) => table.name)).not.toContain(expect.stringMatching(/__remade$/));
+          for (const table of remade) expect(withoutInLists(table.sql ?? '')).toBe(table.sql ?? '');
+          expect(remade.find((table) => table.name === 'reservations')?.sql).toContain(
+            `("status" = 'held' or "status" = 'captured' or "status" = 'released' or "status" = 'expired')`,
+          );
+          const pragma = async (text: string) => (await sql.raw(text).execute(upgraded.db)).rows;
+          expect(await pragma('pragma foreign_keys')).toEqual([{ foreign_keys: 1n }]);
+          expect(await pragma('pragma integrity_check')).toEqual([{ integrity_check: 'ok' }]);
+          expect(await pragma('pragma foreign_key_check')).toEqual([]);
+          // What a chat writes builds no ephemeral table any more (each check of an IN list built one).
+          const opcodes = async (text: string) => {
+            const nulls = [...text.matchAll(/\?/g)].map(() => null);
+            const { rows: program } = await upgraded.db.executeQuery<{ opcode: string }>(
+              CompiledQuery.raw(`explain ${text}`, nulls),
+            );
+            return program.map((op) => op.opcode);
+          };
+          for (const text of [
+            'insert into ledger_entries (id, account_id, type, currency, amount_nano, balance_after_nano, created_at_ms) values (?, ?, ?, ?, ?, ?, ?)',
+            'insert into reservations (id, account_id, request_id, usd_nano, diem_nano, epoch_day, status, created_at_ms, expires_at_ms) values (?, ?, ?, ?, ?, ?, ?, ?, ?)',
+            'update reservations set status = ?, settled_at_ms = ? where id = ?',
+          ])
+            expect(await opcodes(text)).not.toContain('OpenEphemeral');
+        }
+
+        // The checks still refuse a value outside their lists, and the foreign keys still hold.
+        const entry = (type: string, accountId = account.id) =>
+          upgraded.db
+            .insertInto('ledger_entries')
+            .values({
+              id: randomUUID(),
+              account_id: accountId,
+              type: type as 'CHARGE',
+              currency: 'USD',
+              amount_nano: 0n,
+              balance_after_nano: 0n,
+              created_at_ms: T0,
+            })
+            .execute();
+        await expect(entry('BOGUS')).rejects.toThrow(/check/i);
+        await expect(entry('charge')).rejects.toThrow(/check/i);
+        await expect(entry('CHARGE', 'no-such-account')).rejects.toThrow(/foreign key/i);
+        await expect(
+          upgraded.db
+            .updateTable('reservations')
+            .set({ status: 'spent' as 'held' })
+            .where('id', '=', held.reservation.id)
+            .execute(),
+        ).rejects.toThrow(/check/i);
+        await expect(
+          upgraded.db
+            .updateTable('api_keys')
+            .set({ limit_period: 'WEEK' as 'EPOCH' })
+            .where('id', '=', key.id)
+            .execute(),
+        ).rejects.toThrow(/check/i);
+
+        // The ledger goes on: the held reservation captured, a refused event numbered above the deleted one.
+        const after = createLedger(upgraded, clock);
+        await after.capture(held.reservation.id, { items: [{ sku: 's', amountNano: USD / 2n }] });
+        expect((await after.getBalance(account.id)).usdNano).toBe(10n * USD - USD / 4n - USD / 2n);
+        await createRateLimits(upgraded, clock).logEvent({ accountId: account.id, limitType: 'RPM' });
+        const { rows: next } = await sql<{
+          seq: number | bigint;
+        }>`select max(seq) as seq from rate_limit_events`.execute(upgraded.db);
+        expect(BigInt(next[0]?.seq ?? 0)).toBeGreaterThan(deletedSeq);
       });
     });
 
