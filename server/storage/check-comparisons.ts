@@ -23,22 +23,26 @@ import type { Dialect } from './database.ts';
 
 /** A string literal of SQL: quotes, with a quote inside doubled. */
 const LITERAL = "'(?:[^']|'')*'";
-/** A column (quoted or bare) tested against a list of string literals. */
-const IN_LIST = new RegExp(
-  String.raw`("[A-Za-z_][A-Za-z0-9_]*"|[A-Za-z_][A-Za-z0-9_]*) in \((${LITERAL}(?:\s*,\s*${LITERAL})*)\)`,
+/**
+ * A whole CHECK that tests one column (quoted or bare) against a list of string literals, as the migrations up
+ * to 0022 wrote them: `check ("status" in ('held', ...))`. Nothing else is matched (a `not in`, a list inside a
+ * larger expression), so nothing else can be rewritten wrongly; such a check would keep its table.
+ */
+const IN_LIST_CHECK = new RegExp(
+  String.raw`check \(("[A-Za-z_][A-Za-z0-9_]*"|[A-Za-z_][A-Za-z0-9_]*) in \((${LITERAL}(?:\s*,\s*${LITERAL})*)\)\)`,
   'gi',
 );
 
 /**
- * A table's text with each `column in ('a', 'b', 'c')` of three or more strings written as
- * `(column = 'a' or column = 'b' or column = 'c')`; shorter lists (which SQLite already codes as comparisons)
- * and everything else as it was.
+ * A table's text with each `check (column in ('a', 'b', 'c'))` of three or more strings written as
+ * `check ((column = 'a' or column = 'b' or column = 'c'))`; shorter lists (which SQLite already codes as
+ * comparisons) and everything else as it was.
  */
 export function withoutInLists(text: string): string {
-  return text.replace(IN_LIST, (whole, column: string, list: string) => {
+  return text.replace(IN_LIST_CHECK, (whole, column: string, list: string) => {
     const values = list.match(new RegExp(LITERAL, 'g')) ?? [];
     if (values.length < 3) return whole;
-    return `(${values.map((value) => `${column} = ${value}`).join(' or ')})`;
+    return `check ((${values.map((value) => `${column} = ${value}`).join(' or ')}))`;
   });
 }
 
