@@ -9,6 +9,7 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { CompiledQuery } from 'kysely';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { type AccountsRepository, createAccounts } from '../../server/storage/accounts.ts';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
@@ -310,12 +311,32 @@ describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
       .where('subject', '=', account.id)
       .execute();
     expect(hours.map((row) => Number(row.credits))).toEqual([50]);
-    const writes = sent.filter((text) =>
-      /^(insert|update)\b.*"rpc_credit_(usage|hours)"/is.test(text.trim()),
-    );
-    // The take's bucket and hour, the refused take's bucket, the give-backs' buckets and the first one's hour.
-    expect(writes).toHaveLength(6);
+    const writesOf = (texts: string[]) =>
+      texts.filter((text) => /^(insert|update)\b.*"rpc_credit_(usage|hours)"/is.test(text.trim()));
+    const writes = writesOf(sent);
+    // The first take: its bucket's update (none there yet), its upsert and its hour; the refused take's update
+    // and upsert; the give-backs' buckets and the first one's hour.
+    expect(writes).toHaveLength(8);
     for (const text of writes) expect(text).not.toMatch(/\breturning\b/i);
+
+    // A take into the minute's bucket, there now: its update and its hour, without the upsert, whose SELECT
+    // reads its own table (SQLite fills a temporary table with it first, an ephemeral B-tree per take).
+    sent.length = 0;
+    expect(await take(10)).toMatchObject({ allowed: true });
+    const next = writesOf(sent);
+    expect(next.map((text) => text.trim().split(/\s+/, 3).join(' '))).toEqual([
+      'update "rpc_credit_usage" set',
+      'insert into "rpc_credit_hours"',
+    ]);
+    expect(await credits.used(account.id, nowMs)).toBe(60);
+    if (engine === 'sqlite') {
+      const text = next[0] ?? '';
+      const nulls = [...text.matchAll(/\?/g)].map(() => null);
+      const { rows } = await database.db.executeQuery<{ opcode: string }>(
+        CompiledQuery.raw(`explain ${text}`, nulls),
+      );
+      expect(rows.map((op) => op.opcode)).not.toContain('OpenEphemeral');
+    }
   });
 
   test('behavior: a capture of a reservation no longer held changes nothing, its caller statements included', async () => {
@@ -387,8 +408,9 @@ describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
     );
     expect(within).toBe(Date.UTC(2026, 0, 15, 12, 0, 0));
     // PostgreSQL: the script (the lock, then one statement); SQLite: the transaction, statement by statement
-    // (begin, the account, the minute, the credits' bucket and its hour, the reservation, the hold, commit).
-    expect(sent.length).toBe(engine === 'postgres' ? 1 : 8);
+    // (begin, the account, the minute, the credits' bucket (the update that finds none yet, then the upsert)
+    // and its hour, the reservation, the hold, commit).
+    expect(sent.length).toBe(engine === 'postgres' ? 1 : 9);
     expect(await ledger.getReservation(reservation.id)).toEqual(reservation);
     expect(reservation).toMatchObject({
       usdNano: 700n,

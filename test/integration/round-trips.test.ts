@@ -316,8 +316,15 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
   });
 
   test('a JSON-RPC call: the reservation (with the caps) and the capture, two transactions (PostgreSQL: two round trips)', async () => {
-    await rpc();
-    const statements = await server.during(rpc);
+    // The call before makes the minute's credit bucket, which the measured one adds to: both in one minute
+    // (again if a minute began between them).
+    let statements: string[] = [];
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const minute = Math.floor(Date.now() / 60_000);
+      await rpc();
+      statements = await server.during(rpc);
+      if (Math.floor(Date.now() / 60_000) === minute) break;
+    }
     const txs = transactions(statements);
     expect(txs.length, statements.join('\n')).toBe(rpcShape.commits);
     expect(txs.filter(reservation).map((tx) => tx.length)).toEqual(rpcShape.reserve);
@@ -330,10 +337,11 @@ describe.each(engines)('round trips on $name', ({ url, chat: chatShape, rpc: rpc
     expect(
       reserved?.filter((s) => s.startsWith('insert into "rate_limit_counters"') || script.test(s)),
     ).toHaveLength(1);
-    // (PostgreSQL: the take is a write of the prepared statement the script executes.)
+    // (PostgreSQL: the take is a write of the prepared statement the script executes. SQLite: an update of the
+    // minute's bucket, which the call before made.)
     expect(statements.filter((s) => s.includes('rpc_credit_usage') || script.test(s))).toEqual(
       rpcShape.alone === 0
-        ? [expect.stringMatching(/^insert into "rpc_credit_usage"/)]
+        ? [expect.stringMatching(/^update "rpc_credit_usage"/)]
         : [statements.find(reserves)],
     );
     expect(statements.filter((s) => /insert into "?rpc_credit_hours/.test(s) || script.test(s))).toEqual(
