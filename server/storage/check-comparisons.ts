@@ -23,6 +23,7 @@ import type { Dialect } from './database.ts';
 
 /** A string literal of SQL: quotes, with a quote inside doubled. */
 const LITERAL = "'(?:[^']|'')*'";
+const LITERALS = new RegExp(LITERAL, 'g');
 /**
  * A whole CHECK that tests one column (quoted or bare) against a list of string literals, as the migrations up
  * to 0022 wrote them: `check ("status" in ('held', ...))`. Nothing else is matched (a `not in`, a list inside a
@@ -40,7 +41,7 @@ const IN_LIST_CHECK = new RegExp(
  */
 export function withoutInLists(text: string): string {
   return text.replace(IN_LIST_CHECK, (whole, column: string, list: string) => {
-    const values = list.match(new RegExp(LITERAL, 'g')) ?? [];
+    const values = list.match(LITERALS) ?? [];
     if (values.length < 3) return whole;
     return `check ((${values.map((value) => `${column} = ${value}`).join(' or ')}))`;
   });

@@ -122,9 +122,10 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
       ),
   );
   // A take in one statement: the bucket's upsert, guarded by the window's sum (refused: it changes nothing); the
-  // minute's first take (see addToBucketIfRoom). Neither it nor the give-back reads anything back: on SQLite a RETURNING statement runs through an
-  // ephemeral table, a B-tree with a page cache of its own opened and closed on every run (about 5 µs here:
-  // bench/HISTORY.md, thirty-first round); what the statement changed says whether it wrote.
+  // minute's first take (see addToBucketIfRoom). Neither it nor the give-back reads anything back: on SQLite a
+  // RETURNING statement runs through an ephemeral table, a B-tree with a page cache of its own opened and closed
+  // on every run (about 5 µs here: bench/HISTORY.md, thirty-first round); what the statement changed says
+  // whether it wrote.
   const addUsageIfRoom = compiledOnceResult(
     (subject: string, bucketMs: number, amount: number, oldest: number, wholeHours: number, room: number) =>
       db

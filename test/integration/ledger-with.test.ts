@@ -9,7 +9,6 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { CompiledQuery } from 'kysely';
 import { afterAll, beforeAll, beforeEach, describe, expect, test } from 'vitest';
 import { type AccountsRepository, createAccounts } from '../../server/storage/accounts.ts';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
@@ -19,6 +18,7 @@ import { migrate } from '../../server/storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from '../../server/storage/rate-limits.ts';
 import { createRpcCredits, type RpcCreditsRepository } from '../../server/storage/rpc-credits.ts';
 import { holdAccountLock, type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { sqliteOpcodes } from '../support/sqlite-program.ts';
 
 const USD = 1_000_000_000n;
 const T0 = Date.UTC(2026, 0, 15, 12, 0, 30);
@@ -330,12 +330,7 @@ describe.each(engines)('reserveWith / captureWith on %s', (engine, open) => {
     ]);
     expect(await credits.used(account.id, nowMs)).toBe(60);
     if (engine === 'sqlite') {
-      const text = next[0] ?? '';
-      const nulls = [...text.matchAll(/\?/g)].map(() => null);
-      const { rows } = await database.db.executeQuery<{ opcode: string }>(
-        CompiledQuery.raw(`explain ${text}`, nulls),
-      );
-      expect(rows.map((op) => op.opcode)).not.toContain('OpenEphemeral');
+      expect(await sqliteOpcodes(database.db, next[0] ?? '')).not.toContain('OpenEphemeral');
     }
   });
 

@@ -12,7 +12,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { CompiledQuery, DefaultQueryCompiler } from 'kysely';
+import { type CompiledQuery, DefaultQueryCompiler } from 'kysely';
 import { pino } from 'pino';
 import { generatePrivateKey, privateKeyToAccount } from 'viem/accounts';
 import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
@@ -22,6 +22,7 @@ import { parseUsdToNano } from '../../server/money.ts';
 import { createServices, type Services } from '../../server/services.ts';
 import { type StartedAnvil, startAnvil } from '../support/anvil.ts';
 import { postgresPerFile } from '../support/postgres-per-file.ts';
+import { sqliteOpcodes } from '../support/sqlite-program.ts';
 import { evmSignIn } from '../support/x402/siwx.ts';
 
 const ORIGIN = 'https://api.example.test';
@@ -144,11 +145,8 @@ const ADMISSION = ['insert into "rate_limit_counters"'];
 async function buildingTables(services: Services, statements: string[]): Promise<string[]> {
   const found: string[] = [];
   for (const text of new Set(statements)) {
-    const nulls = [...text.matchAll(/\?/g)].map(() => null);
-    const { rows } = await services.database.db.executeQuery<{ opcode: string }>(
-      CompiledQuery.raw(`explain ${text}`, nulls),
-    );
-    if (rows.some((op) => /^(OpenEphemeral|SorterOpen|OpenAutoindex)$/.test(op.opcode)))
+    const opcodes = await sqliteOpcodes(services.database.db, text);
+    if (opcodes.some((opcode) => /^(OpenEphemeral|SorterOpen|OpenAutoindex)$/.test(opcode)))
       found.push(text.split(' (')[0] ?? text);
   }
   return found;

@@ -36,6 +36,7 @@ import { createRateLimits, type RateLimitsRepository } from '../../server/storag
 import { createRpcCredits } from '../../server/storage/rpc-credits.ts';
 import { createVideoJobs } from '../../server/storage/video-jobs.ts';
 import { holdAccountLock, type StartedPostgres, startPostgres } from '../support/postgres.ts';
+import { sqliteOpcodes } from '../support/sqlite-program.ts';
 
 const USD = 1_000_000_000n; // nano-USD per USD
 const DAY = 86_400_000;
@@ -686,19 +687,12 @@ describe.each(engines)('storage on %s', (engine, open) => {
           expect(await pragma('pragma integrity_check')).toEqual([{ integrity_check: 'ok' }]);
           expect(await pragma('pragma foreign_key_check')).toEqual([]);
           // What a chat writes builds no ephemeral table any more (each check of an IN list built one).
-          const opcodes = async (text: string) => {
-            const nulls = [...text.matchAll(/\?/g)].map(() => null);
-            const { rows: program } = await upgraded.db.executeQuery<{ opcode: string }>(
-              CompiledQuery.raw(`explain ${text}`, nulls),
-            );
-            return program.map((op) => op.opcode);
-          };
           for (const text of [
             'insert into ledger_entries (id, account_id, type, currency, amount_nano, balance_after_nano, created_at_ms) values (?, ?, ?, ?, ?, ?, ?)',
             'insert into reservations (id, account_id, request_id, usd_nano, diem_nano, epoch_day, status, created_at_ms, expires_at_ms) values (?, ?, ?, ?, ?, ?, ?, ?, ?)',
             'update reservations set status = ?, settled_at_ms = ? where id = ?',
           ])
-            expect(await opcodes(text)).not.toContain('OpenEphemeral');
+            expect(await sqliteOpcodes(upgraded.db, text)).not.toContain('OpenEphemeral');
         }
 
         // The checks still refuse a value outside their lists, and the foreign keys still hold.
