@@ -72,6 +72,23 @@ function hash32(text: string): number {
   return value;
 }
 
+const expTables = new Map<number, Float64Array>();
+
+/**
+ * The softmax's exps for one divisor (the temperature, at least 1e-6), by the kinds of the largest candidate
+ * and of the one taken (slot `top * 32 + kind`), NaN until first computed: a draw of a request without
+ * penalties takes each from here once it is known, the same double as Math.exp gives (a bounded memo).
+ */
+function expTableOf(divisor: number): Float64Array {
+  let table = expTables.get(divisor);
+  if (!table) {
+    if (expTables.size >= 16) expTables.clear();
+    table = new Float64Array(32 * 32).fill(Number.NaN);
+    expTables.set(divisor, table);
+  }
+  return table;
+}
+
 const NO_ALTERNATIVES: { word: string; logprob: number }[] = [];
 
 type Draw = { word: string; logprob: number; alternatives: { word: string; logprob: number }[] };
@@ -105,8 +122,14 @@ function createSampler(
   const minP = s.min_p ?? 0;
   const topP = s.top_p;
   const dynamic = s.max_temp !== undefined || s.min_temp !== undefined;
+  // Without penalties or a dynamic temperature a candidate's logit depends only on its rank k and the prompt's
+  // boost, so each exp of the softmax is one of 32 x 32 values per temperature: remembered (expTableOf).
+  const expTable =
+    counts === undefined && !dynamic ? expTableOf(Math.max(s.temperature ?? 0.8, 1e-6)) : undefined;
   // The draw's working arrays, reused from word to word (the candidates in drawn order, then sorted).
   const words: string[] = [];
+  /** Each candidate's kind when expTable is used: its rank k times 2, plus 1 when the prompt boosts it. */
+  const kinds: number[] = [];
   const positions: number[] = [];
   const logits: number[] = [];
   const order: number[] = [];
@@ -114,7 +137,10 @@ function createSampler(
   const allowed: number[] = [];
   return {
     next(previous) {
-      const start = hash32(previous) % pool.length;
+      // A small integer (`| 0` keeps the value): the positions below are then taken modulo in integer
+      // arithmetic; from the hash's double (a uint32 may exceed V8's small integers) each was a floating-point
+      // remainder, a fifth of the draw's time (bench/HISTORY.md, thirty-eighth round).
+      const start = (hash32(previous) % pool.length) | 0;
       let size = 0;
       for (let k = 0; k < 16; k++) {
         const position = (start + k * 7) % pool.length;
@@ -128,7 +154,9 @@ function createSampler(
             }
           if (taken) continue;
         }
-        let logit = -0.35 * k + (prompted[position] === 1 ? 0.6 : 0);
+        const boosted = prompted[position] === 1;
+        let logit = -0.35 * k + (boosted ? 0.6 : 0);
+        kinds[size] = k * 2 + (boosted ? 1 : 0);
         if (counts) {
           const used = counts[position] as number;
           logit -= frequencyPenalty * used + presencePenalty * (used > 0 ? 1 : 0);
@@ -166,10 +194,26 @@ function createSampler(
         if (scaled > max) max = scaled;
       }
       let sum = 0;
-      for (let i = 0; i < size; i++) {
-        const e = Math.exp((probs[i] as number) - max);
-        probs[i] = e;
-        sum += e;
+      if (expTable) {
+        // The largest is the first candidate's (sorted by descending logit, divided by a positive divisor):
+        // the value is the one computed below with the same operands, remembered by the two kinds.
+        const top = (kinds[order[0] as number] as number) * 32;
+        for (let i = 0; i < size; i++) {
+          const slot = top + (kinds[order[i] as number] as number);
+          let e = expTable[slot] as number;
+          if (Number.isNaN(e)) {
+            e = Math.exp((probs[i] as number) - max);
+            expTable[slot] = e;
+          }
+          probs[i] = e;
+          sum += e;
+        }
+      } else {
+        for (let i = 0; i < size; i++) {
+          const e = Math.exp((probs[i] as number) - max);
+          probs[i] = e;
+          sum += e;
+        }
       }
       for (let i = 0; i < size; i++) probs[i] = (probs[i] as number) / sum;
       // The allowed candidates, as positions in the sorted order.
@@ -343,9 +387,29 @@ function promptWordsOf(messages: readonly ProviderMessage[]): string[] {
       typeof message.content === 'string'
         ? message.content
         : (message.content ?? []).map((p) => (p.type === 'text' ? p.text : '')).join(' ');
-    for (const w of text.toLowerCase().match(/[a-z]{4,}/g) ?? []) words.add(w);
+    for (const w of wordsOf(text)) words.add(w);
   }
   return [...words].slice(0, 64);
+}
+
+const textWords = new Map<string, readonly string[]>();
+const NO_WORDS: readonly string[] = [];
+
+/**
+ * A text's words of four letters or more, lowercased, in order (repeats kept); remembered for texts up to 2,000
+ * characters (a bounded memo: the default system prompt comes with nearly every request, and its words were
+ * found again each time, with a lowercased copy of it; their strings, the same objects from then on, are
+ * hashed once).
+ */
+function wordsOf(text: string): readonly string[] {
+  const known = textWords.get(text);
+  if (known) return known;
+  const found: readonly string[] = text.toLowerCase().match(/[a-z]{4,}/g) ?? NO_WORDS;
+  if (text.length <= 2000) {
+    if (textWords.size >= 1024) textWords.clear();
+    textWords.set(text, found);
+  }
+  return found;
 }
 
 /** How many numbered sources (`[n] title` lines inside `<sources>`) the system messages give. */
