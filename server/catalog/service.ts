@@ -203,12 +203,21 @@ export function createCatalogService(catalog: Catalog, options: CatalogServiceOp
       const found = lookup(catalog, name, type);
       if (!found) return undefined;
       const [model, requestedAs] = found;
-      const base = { requestedAs, requestedName: name, suffixOptions: options };
       const deprecation = model.spec.deprecation;
-      if (!deprecation || now() < Date.parse(deprecation.date)) return { model, ...base };
+      // Literals of their own fields (no spread after a field: V8 copies such a spread through its runtime).
+      if (!deprecation || now() < Date.parse(deprecation.date))
+        return { model, requestedAs, requestedName: name, suffixOptions: options };
       if (isRemoved(model) || !deprecation.autoRemap || !deprecation.replacementModelId) return undefined;
       const replacement = catalog.models.get(deprecation.replacementModelId);
-      return replacement ? { model: replacement, ...base, remappedFrom: model } : undefined;
+      return replacement
+        ? {
+            model: replacement,
+            requestedAs,
+            requestedName: name,
+            suffixOptions: options,
+            remappedFrom: model,
+          }
+        : undefined;
     },
 
     /** A model by exact id, whatever its type or state. */

@@ -86,13 +86,17 @@ const MAX_REMEMBERED = 2_000;
  * time. The cache is emptied when it is full, so a client cannot grow it without bound.
  */
 export function rememberRouteMatches(metadata: Step): Step {
-  const remembered = new Map<string, OpenApiMatch>();
+  // By method, then by path: no key is concatenated per request (a new string, which V8 would flatten and
+  // hash before every lookup; the method's string is the parser's own, hashed once).
+  const remembered = new Map<string, Map<string, OpenApiMatch>>();
+  let size = 0;
   return (req, res, next) => {
     const request = req as WithOpenApi;
     const url = req.originalUrl;
     const query = url.indexOf('?');
-    const key = `${req.method} ${query < 0 ? url : url.slice(0, query)}`;
-    const match = remembered.get(key);
+    const path = query < 0 ? url : url.slice(0, query);
+    const method = req.method;
+    const match = remembered.get(method)?.get(path);
     if (match) {
       const pathParams = { ...match.pathParams };
       request.openapi = extend(match, { pathParams });
@@ -103,8 +107,17 @@ export function rememberRouteMatches(metadata: Step): Step {
     return metadata(req, res, (error?: unknown) => {
       const found = request.openapi;
       if ((error === undefined || error === null) && found) {
-        if (remembered.size >= MAX_REMEMBERED) remembered.clear();
-        remembered.set(key, extend(found, { pathParams: { ...found.pathParams } }));
+        if (size >= MAX_REMEMBERED) {
+          remembered.clear();
+          size = 0;
+        }
+        let paths = remembered.get(method);
+        if (!paths) {
+          paths = new Map();
+          remembered.set(method, paths);
+        }
+        if (!paths.has(path)) size++;
+        paths.set(path, extend(found, { pathParams: { ...found.pathParams } }));
       }
       next(error as Error);
     });

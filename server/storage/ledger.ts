@@ -852,17 +852,22 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
    * the last one given (`insertId`) tells them all and nothing is read back (RETURNING costs SQLite an
    * ephemeral table per statement); PostgreSQL's sequence may be shared with other writers: it returns them.
    */
-  const entryInserts = new Map<
-    string,
-    (runner: Executor, ...values: unknown[]) => Promise<QueryResult<unknown>>
-  >();
+  type EntryInsert = (runner: Executor, ...values: unknown[]) => Promise<QueryResult<unknown>>;
+  /**
+   * By row count, each with its columns: found by comparing the column names (the same strings each time),
+   * not by a key joined from them per call (a new string that V8 hashes before each lookup).
+   */
+  const entryInserts: Array<Array<{ columns: readonly string[]; insert: EntryInsert }>> = [];
+  let entryShapes = 0;
+  const sameColumns = (a: readonly string[], b: readonly string[]) =>
+    a.length === b.length && a.every((column, i) => column === b[i]);
   async function insertEntryRows(
     trx: Transaction<Tables>,
     entries: NewEntry[],
   ): Promise<Array<{ id: string; seq: bigint | number }>> {
     const columns = Object.keys(entries[0] as NewEntry) as (keyof NewEntry)[];
-    const shape = `${entries.length}:${columns.join(',')}`;
-    let insert = entryInserts.get(shape);
+    const shapes = entryInserts[entries.length];
+    let insert = shapes?.find((shape) => sameColumns(shape.columns, columns))?.insert;
     if (!insert) {
       insert = compiledOnceResult((...values: unknown[]) => {
         const query = db
@@ -877,8 +882,13 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
           );
         // Only what the database assigns, with the id to pair it to its entry: the rest is `entries`.
         return dialect === 'sqlite' ? query : query.returning(['id', 'seq']);
-      }) as (runner: Executor, ...values: unknown[]) => Promise<QueryResult<unknown>>;
-      if (entryInserts.size < 64) entryInserts.set(shape, insert);
+      }) as EntryInsert;
+      if (entryShapes < 64) {
+        entryShapes++;
+        const known = entryInserts[entries.length];
+        if (known) known.push({ columns, insert });
+        else entryInserts[entries.length] = [{ columns, insert }];
+      }
     }
     // A loop, not `flatMap`: V8 11 builds a `flatMap`'s result one runtime call per element.
     const values: unknown[] = [];

@@ -157,4 +157,19 @@ describe('rememberRouteMatches', () => {
     await run([remembered], request('/api/v1/crypto/rpc/base-mainnet', 'GET'));
     expect(calls).toHaveLength(6);
   });
+
+  test('bounded: once 2,000 paths are remembered the next one empties the cache, then is remembered alone', async () => {
+    const { calls, step } = validatorMetadata();
+    const remembered = rememberRouteMatches(step);
+    const path = (i: number) => `/api/v1/crypto/rpc/net-${i}`;
+    for (let i = 0; i < 2_000; i++) await run([remembered], request(path(i)));
+    // All of them remembered: none is matched again.
+    for (let i = 0; i < 2_000; i += 500) await run([remembered], request(path(i)));
+    expect(calls).toHaveLength(2_000);
+    await run([remembered], request(path(2_000)));
+    expect(calls).toHaveLength(2_001);
+    await run([remembered], request(path(2_000)));
+    await run([remembered], request(path(0)));
+    expect(calls.slice(2_001)).toEqual([path(0)]);
+  });
 });
