@@ -83,6 +83,28 @@ test('behavior: a RETURNING statement runs once and answers its rows as objects'
   await sql`delete from things where id = 10`.execute(database.db);
 });
 
+test("behavior: a statement straight on the connection binds its values as Kysely's driver does (text, bigint, real, null, blob; writer and reader)", async () => {
+  // Bound as arguments, not as one array (better-sqlite3 reads an array one element at a time through V8's API).
+  const values = ['x\u00e9\u{1f600}', 9007199254740993n, -0.25, null, Buffer.from([1, 0, 254])] as const;
+  const insert =
+    sql`insert into things (id, label, amount, ratio, data) values (${20}, ${values[0]}, ${values[1]}, ${values[2]}, ${values[4]}), (${21}, ${values[3]}, ${values[3]}, ${values[3]}, ${values[3]})`.compile(
+      database.db,
+    );
+  expect(await database.write((runner) => runner.executeQuery(insert))).toMatchObject({
+    numAffectedRows: 2n,
+  });
+  const read = sql`select id, label, amount, ratio, data from things
+    where (id = ${20} and label = ${values[0]} and amount = ${values[1]} and ratio = ${values[2]} and data = ${values[4]})
+       or (id = ${21} and label is ${values[3]}) order by id`.compile(database.db);
+  const expected = [
+    { id: 20n, label: values[0], amount: values[1], ratio: values[2], data: values[4] },
+    { id: 21n, label: null, amount: null, ratio: null, data: null },
+  ];
+  expectSameRows(await direct(read), expected);
+  expectSameRows((await database.db.executeQuery(read)).rows as Record<string, unknown>[], expected);
+  await sql`delete from things where id in (20, 21)`.execute(database.db);
+});
+
 test('behavior: a `select *` read straight on the connection sees a column another connection added', async () => {
   const all = sql`select * from things where id = 1`.compile(database.db);
   expect(Object.keys((await direct(all))[0] ?? {})).toEqual(['id', 'label', 'amount', 'ratio', 'data']);
