@@ -56,14 +56,19 @@ export function usdNumberToNano(usd: number): bigint {
   return parseUsdToNano(usd.toFixed(9).replace(/\.?0+$/, '') || '0');
 }
 
+/** 10^0 to 10^9 as bigints: an exponentiation of bigints goes through V8's runtime on every call. */
+const POWERS_OF_TEN = Array.from({ length: 10 }, (_, exponent) => 10n ** BigInt(exponent));
+
 /** Nano-USD as a fixed-point decimal string, rounded half away from zero (`formatUsdFixed(12_345n, 4)`). */
 export function formatUsdFixed(nano: bigint, decimals: number): string {
-  if (decimals < 0 || decimals > 9) throw new RangeError('decimals must be 0 to 9');
-  const step = 10n ** BigInt(9 - decimals);
+  if (!Number.isInteger(decimals) || decimals < 0 || decimals > 9) {
+    throw new RangeError('decimals must be 0 to 9');
+  }
+  const step = POWERS_OF_TEN[9 - decimals] as bigint;
   const negative = nano < 0n;
   const abs = negative ? -nano : nano;
   const rounded = (abs + step / 2n) / step;
-  const scale = 10n ** BigInt(decimals);
+  const scale = POWERS_OF_TEN[decimals] as bigint;
   const whole = rounded / scale;
   const fraction = decimals === 0 ? '' : `.${(rounded % scale).toString().padStart(decimals, '0')}`;
   return `${negative && rounded !== 0n ? '-' : ''}${whole}${fraction}`;
