@@ -104,13 +104,18 @@ export async function createServices(
   const accounts = createAccounts(database);
   const keys = cacheApiKeys(createApiKeys(database), { ttlMs: config.apiKeyCacheTtlMs });
   // The money this process's ledger entries moved, by type and currency (a counter: charges as positive amounts).
-  const entriesMoved = new Map<string, bigint>();
+  // By type, then by currency: no label text made per entry (a new string, hashed before each lookup).
+  const entriesMoved = new Map<string, Map<string, bigint>>();
   const ledger = createLedger(database, {
     onEntries(entries) {
       for (const entry of entries) {
-        const labels = `type="${entry.type}",currency="${entry.currency}"`;
+        let byCurrency = entriesMoved.get(entry.type);
+        if (!byCurrency) {
+          byCurrency = new Map();
+          entriesMoved.set(entry.type, byCurrency);
+        }
         const amount = entry.amountNano < 0n ? -entry.amountNano : entry.amountNano;
-        entriesMoved.set(labels, (entriesMoved.get(labels) ?? 0n) + amount);
+        byCurrency.set(entry.currency, (byCurrency.get(entry.currency) ?? 0n) + amount);
       }
     },
   });
@@ -293,7 +298,14 @@ export async function createServices(
     name: 'ledger_entries_usd_total',
     help: 'USD moved by the ledger entries this process wrote, by type and currency (charges counted positive).',
     read: async () =>
-      Object.fromEntries([...entriesMoved].map(([labels, nano]) => [labels, nanoToUsdNumber(nano)])),
+      Object.fromEntries(
+        [...entriesMoved].flatMap(([type, byCurrency]) =>
+          [...byCurrency].map(([currency, nano]) => [
+            `type="${type}",currency="${currency}"`,
+            nanoToUsdNumber(nano),
+          ]),
+        ),
+      ),
   });
 
   const inferenceOperations = new Set(
