@@ -27,7 +27,10 @@ export type LogDestination = {
    * writes it as soon as no write is under way, and calls `done` at once).
    */
   flush(done?: (error?: Error) => void): void;
-  /** Writes what is gathered, and what the writer holds, before returning. */
+  /**
+   * Writes what the writer holds and what is gathered before returning (but for a write the writer already has
+   * under way on the thread pool, which completes on its own).
+   */
   flushSync(): void;
 };
 
@@ -48,6 +51,13 @@ export function createLogDestination(options: LogDestinationOptions = {}): LogDe
   // minLength 0: sonic-boom writes what it is given as soon as no write is under way.
   const writer: LogDestination =
     options.writer ?? pino.destination({ dest: options.fd ?? 1, sync: false, minLength: 0 });
+  // What flushSync writes itself, on the same descriptor: handed to the asynchronous writer, a batch would start
+  // an `fs.write` on the thread pool, which that writer's own flushSync leaves under way (sonic-boom writes
+  // only what is queued behind it), so the batch could still be on its way when flushSync returned, or when
+  // the process ended. sonic-boom in its synchronous mode, with its handling of a full pipe.
+  const direct = options.writer
+    ? undefined
+    : pino.destination({ dest: options.fd ?? 1, sync: true, minLength: 0 });
   let gathered = '';
   let timer: NodeJS.Timeout | undefined;
 
@@ -78,8 +88,20 @@ export function createLogDestination(options: LogDestinationOptions = {}): LogDe
       writer.flush(done);
     },
     flushSync() {
-      handOn();
+      if (!direct) {
+        handOn();
+        writer.flushSync();
+        return;
+      }
+      if (timer) {
+        clearTimeout(timer);
+        timer = undefined;
+      }
+      const batch = gathered;
+      gathered = '';
+      // What the writer holds first (written now, but for a write already under way), then the batch.
       writer.flushSync();
+      if (batch !== '') direct.write(batch);
     },
   };
   process.once('exit', () => {
