@@ -10,3 +10,16 @@
 export function extend<A extends object, B extends object>(a: A, b: B): NoInfer<Omit<A, keyof B> & B> {
   return Object.assign({}, a, b) as Omit<A, keyof B> & B;
 }
+
+/**
+ * The map under `key` in `outer`, made and added when there is none: for counters and caches kept by one key
+ * and then another, where a key joined from both would be a new string to hash on every lookup.
+ */
+export function innerMap<K, L, V>(outer: Map<K, Map<L, V>>, key: K): Map<L, V> {
+  let inner = outer.get(key);
+  if (!inner) {
+    inner = new Map();
+    outer.set(key, inner);
+  }
+  return inner;
+}

@@ -39,7 +39,7 @@ import type { ReplyHeaders } from './http/contract.ts';
 import { createInFlight } from './http/in-flight.ts';
 import { loadContract } from './http/spec.ts';
 import { formatUsdFixed, nanoToUsdNumber } from './money.ts';
-import { extend } from './objects.ts';
+import { extend, innerMap } from './objects.ts';
 import { createMetrics } from './observability/metrics.ts';
 import { createSearxngSearch } from './providers/search/searxng.ts';
 import type { Facilitator } from './providers/x402/facilitator.ts';
@@ -109,11 +109,7 @@ export async function createServices(
   const ledger = createLedger(database, {
     onEntries(entries) {
       for (const entry of entries) {
-        let byCurrency = entriesMoved.get(entry.type);
-        if (!byCurrency) {
-          byCurrency = new Map();
-          entriesMoved.set(entry.type, byCurrency);
-        }
+        const byCurrency = innerMap(entriesMoved, entry.type);
         const amount = entry.amountNano < 0n ? -entry.amountNano : entry.amountNano;
         byCurrency.set(entry.currency, (byCurrency.get(entry.currency) ?? 0n) + amount);
       }

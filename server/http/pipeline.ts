@@ -17,7 +17,7 @@
  * a pure function of the method and the path, so it is looked up once per (method, path) and copied.
  */
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
-import { extend } from '../objects.ts';
+import { extend, innerMap } from '../objects.ts';
 import { BASE_PATH } from './spec.ts';
 
 type Step = (req: Request, res: Response, next: NextFunction) => unknown;
@@ -111,11 +111,7 @@ export function rememberRouteMatches(metadata: Step): Step {
           remembered.clear();
           size = 0;
         }
-        let paths = remembered.get(method);
-        if (!paths) {
-          paths = new Map();
-          remembered.set(method, paths);
-        }
+        const paths = innerMap(remembered, method);
         if (!paths.has(path)) size++;
         paths.set(path, extend(found, { pathParams: { ...found.pathParams } }));
       }

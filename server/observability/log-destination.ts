@@ -61,15 +61,19 @@ export function createLogDestination(options: LogDestinationOptions = {}): LogDe
   let gathered = '';
   let timer: NodeJS.Timeout | undefined;
 
-  const handOn = () => {
+  /** What is gathered, taken (and its timer stopped). */
+  const take = () => {
     if (timer) {
       clearTimeout(timer);
       timer = undefined;
     }
-    if (gathered === '') return;
     const batch = gathered;
     gathered = '';
-    writer.write(batch);
+    return batch;
+  };
+  const handOn = () => {
+    const batch = take();
+    if (batch !== '') writer.write(batch);
   };
 
   const destination: LogDestination = {
@@ -93,12 +97,7 @@ export function createLogDestination(options: LogDestinationOptions = {}): LogDe
         writer.flushSync();
         return;
       }
-      if (timer) {
-        clearTimeout(timer);
-        timer = undefined;
-      }
-      const batch = gathered;
-      gathered = '';
+      const batch = take();
       // What the writer holds first (written now, but for a write already under way), then the batch.
       writer.flushSync();
       if (batch !== '') direct.write(batch);

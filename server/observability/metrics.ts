@@ -3,6 +3,8 @@
  * operation and status, upstream latency by provider, and gauges and counters read at scrape time (requests in
  * flight, ledger totals, the money the ledger entries moved).
  */
+import { innerMap } from '../objects.ts';
+
 const BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
 
 type Histogram = { counts: number[]; sum: number; count: number };
@@ -60,11 +62,7 @@ export function createMetrics(): Metrics {
     observeRequest(operation, status, seconds) {
       // By operation, then by status: no key concatenated per request (V8 flattens and hashes a new string
       // before each lookup; the operation's id is one string from the spec, hashed once).
-      let byStatus = requests.get(operation);
-      if (!byStatus) {
-        byStatus = new Map();
-        requests.set(operation, byStatus);
-      }
+      const byStatus = innerMap(requests, operation);
       byStatus.set(status, (byStatus.get(status) ?? 0) + 1);
       observe(durations, operation, seconds);
     },

@@ -194,26 +194,18 @@ function createSampler(
         if (scaled > max) max = scaled;
       }
       let sum = 0;
-      if (expTable) {
-        // The largest is the first candidate's (sorted by descending logit, divided by a positive divisor):
-        // the value is the one computed below with the same operands, remembered by the two kinds.
-        const top = (kinds[order[0] as number] as number) * 32;
-        for (let i = 0; i < size; i++) {
-          const slot = top + (kinds[order[i] as number] as number);
-          let e = expTable[slot] as number;
-          if (Number.isNaN(e)) {
-            e = Math.exp((probs[i] as number) - max);
-            expTable[slot] = e;
-          }
-          probs[i] = e;
-          sum += e;
+      // With expTable, each exp is remembered by the kinds of the largest candidate (the first: sorted by
+      // descending logit, divided by a positive divisor) and of this one: the same operands, the same double.
+      const top = expTable ? (kinds[order[0] as number] as number) * 32 : 0;
+      for (let i = 0; i < size; i++) {
+        const slot = top + (kinds[order[i] as number] as number);
+        let e = expTable ? (expTable[slot] as number) : Number.NaN;
+        if (Number.isNaN(e)) {
+          e = Math.exp((probs[i] as number) - max);
+          if (expTable) expTable[slot] = e;
         }
-      } else {
-        for (let i = 0; i < size; i++) {
-          const e = Math.exp((probs[i] as number) - max);
-          probs[i] = e;
-          sum += e;
-        }
+        probs[i] = e;
+        sum += e;
       }
       for (let i = 0; i < size; i++) probs[i] = (probs[i] as number) / sum;
       // The allowed candidates, as positions in the sorted order.
