@@ -83,3 +83,73 @@ export function systemCallUs(batches = 5, calls = 20_000): number {
     closeSync(fd);
   }
 }
+
+/** CPU time, in µs, of a process's main thread and of all its threads, and of the machine's CPUs. */
+export type CpuReading = { mainUs: number; processUs: number; machine?: { idle: number; all: number } };
+
+/** CPU per request between two readings: the server's main thread, its other threads, the client's process. */
+export type CpuPerRequest = { mainUs: number; othersUs: number; clientUs: number; idlePercent: number };
+
+/** Clock ticks of `/proc/<pid>/stat`-like text (utime + stime, fields 14 and 15), after the command's parentheses. */
+function ticksOf(stat: string): number {
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return Number(fields[11]) + Number(fields[12]);
+}
+
+// Linux's USER_HZ: what /proc's utime and stime count in (100 on every architecture Node runs on).
+const TICK_US = 10_000;
+
+/**
+ * A process's CPU time so far (Linux `/proc/<pid>/stat`, which keeps the threads that ended, and its main
+ * thread's `/proc/<pid>/task/<pid>/stat`), with the machine's CPU times (`/proc/stat`: idle and all);
+ * undefined where the kernel does not give them. In clock ticks (10 ms): over a run of seconds and thousands of
+ * requests, well under a µs per request.
+ */
+export function cpuReading(pid: number): CpuReading | undefined {
+  try {
+    const processUs = ticksOf(readFileSync(`/proc/${pid}/stat`, 'utf8')) * TICK_US;
+    const mainUs = ticksOf(readFileSync(`/proc/${pid}/task/${pid}/stat`, 'utf8')) * TICK_US;
+    const cpu = readFileSync('/proc/stat', 'utf8')
+      .split('\n', 1)[0]
+      ?.trim()
+      .split(/\s+/)
+      .slice(1)
+      .map(Number);
+    // user nice system idle iowait …: idle and iowait are the time no process ran.
+    const machine =
+      cpu && cpu.length >= 5
+        ? { idle: (cpu[3] ?? 0) + (cpu[4] ?? 0), all: cpu.reduce((a, b) => a + b, 0) }
+        : undefined;
+    return { mainUs, processUs, ...(machine ? { machine } : {}) };
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * What the server (`before`/`after`: cpuReading of its process) and the client (`clientUs`: the harness's own
+ * process.cpuUsage() over the same span, user and system) spent per request, and the share of the machine's
+ * CPU time left idle meanwhile; NaN for what a reading is missing.
+ */
+export function cpuPerRequest(
+  before: CpuReading | undefined,
+  after: CpuReading | undefined,
+  clientUs: number,
+  requests: number,
+): CpuPerRequest {
+  const per = (us: number) => (requests > 0 ? us / requests : Number.NaN);
+  if (!before || !after)
+    return { mainUs: Number.NaN, othersUs: Number.NaN, clientUs: per(clientUs), idlePercent: Number.NaN };
+  const main = after.mainUs - before.mainUs;
+  const all = after.machine && before.machine ? after.machine.all - before.machine.all : 0;
+  return {
+    mainUs: per(main),
+    // Sampled in ticks on both sides: never below zero.
+    othersUs: per(Math.max(0, after.processUs - before.processUs - main)),
+    clientUs: per(clientUs),
+    idlePercent:
+      all > 0 && after.machine && before.machine
+        ? ((after.machine.idle - before.machine.idle) / all) * 100
+        : Number.NaN,
+  };
+}

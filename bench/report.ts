@@ -10,6 +10,13 @@ export type Row = {
   p99Ms: number;
   failures: number;
   peakRssMb: number;
+  /**
+   * CPU per request under load (counters.ts `cpuPerRequest`, medians over the rounds), µs: the target's server
+   * process's main thread and its other threads (a database's own processes, PostgreSQL's, not counted), the
+   * client's (the harness's process: autocannon), and the share of the machine's CPU time left idle. Absent
+   * from reports of before the thirty-ninth round.
+   */
+  cpu?: { mainUs: number; othersUs: number; clientUs: number; idlePercent: number };
 };
 
 export type Report = {
@@ -137,6 +144,7 @@ export function floors(report: Report): Array<{ measure: string; value: string }
       measure: 'chat upstream adapter added at LOG_LEVEL=info (the default)',
       value: ms(added('upstreamInfo', 'upstreamDirectInfo')),
     },
+    ...chatCpuBudget(report),
     // Counted, not timed: the load does not move them (WAL frames, sockets).
     {
       measure: 'JSON-RPC proxy: write system calls per request, the server / its floor',
@@ -200,6 +208,60 @@ export function checks(report: Report): Check[] {
 
 const fmt = (n: number, digits = 0) => (Number.isFinite(n) ? n.toFixed(digits) : 'n/a');
 
+/** A row's CPU per request, server and client together (NaN without its readings). */
+const cpuTotal = (cpu: Row['cpu']) => (cpu ? cpu.mainUs + cpu.othersUs + cpu.clientUs : Number.NaN);
+
+/**
+ * What the chat's target of 20% of the ceiling asks of the CPU on this machine, where the server and the load
+ * share the CPUs: at that rate, the CPU time a second holds (the machine's CPUs) spread over the chats, the
+ * server's and the client's together; against it, what a chat took, and what its server's main thread alone
+ * allows (one request at a time on that thread: its bound whatever the other CPUs do).
+ */
+function chatCpuBudget(report: Report): Array<{ measure: string; value: string }> {
+  const chat = report.rows.find((r) => r.id === 'chatSqlite');
+  const ceiling = report.rows.find((r) => r.id === 'ceiling')?.rps ?? Number.NaN;
+  if (!chat?.cpu) return [];
+  const budget = (report.machine.cpus * 1e6) / (0.2 * ceiling);
+  return [
+    {
+      measure: `chat at 20% of the ceiling on ${report.machine.cpus} CPUs: CPU per chat allowed (server and client)`,
+      value: `${fmt(budget, 1)} µs; measured ${fmt(cpuTotal(chat.cpu), 1)} µs (the server's main thread ${fmt(chat.cpu.mainUs, 1)} µs: at most ${fmt(1e6 / chat.cpu.mainUs)} chats/s, ${fmt(1e8 / chat.cpu.mainUs / ceiling, 1)}% of the ceiling)`,
+    },
+  ];
+}
+
+/** CPU per request under load, for the rows that have it (none in reports of before the thirty-ninth round). */
+function cpuTable(report: Report): { head: string[]; rows: string[][] }[] {
+  if (!report.rows.some((r) => r.cpu !== undefined)) return [];
+  return [
+    {
+      head: [
+        'CPU per request under load',
+        'server main thread µs',
+        'server other threads µs',
+        'client µs',
+        'machine idle',
+        'main thread allows req/s',
+        'all CPUs allow req/s',
+      ],
+      rows: report.rows
+        .filter((r) => r.cpu !== undefined)
+        .map((r) => {
+          const cpu = r.cpu as NonNullable<Row['cpu']>;
+          return [
+            r.label,
+            fmt(cpu.mainUs, 1),
+            fmt(cpu.othersUs, 1),
+            fmt(cpu.clientUs, 1),
+            `${fmt(cpu.idlePercent)}%`,
+            fmt(1e6 / cpu.mainUs),
+            fmt((report.machine.cpus * 1e6) / cpuTotal(cpu)),
+          ];
+        }),
+    },
+  ];
+}
+
 function tables(report: Report): { head: string[]; rows: string[][] }[] {
   const ceiling = report.rows.find((r) => r.id === 'ceiling')?.rps ?? Number.NaN;
   const s = report.streams;
@@ -216,6 +278,7 @@ function tables(report: Report): { head: string[]; rows: string[][] }[] {
         fmt(r.peakRssMb),
       ]),
     },
+    ...cpuTable(report),
     {
       head: [
         'one connection, sequential',

@@ -24,7 +24,14 @@ import { startPrism } from '../mocks/prism.ts';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
-import { countedLatencies, systemCallUs, type ThreadCounters } from './counters.ts';
+import {
+  type CpuPerRequest,
+  countedLatencies,
+  cpuPerRequest,
+  cpuReading,
+  systemCallUs,
+  type ThreadCounters,
+} from './counters.ts';
 import {
   headersPerConnection,
   type Latency,
@@ -387,6 +394,9 @@ async function main(): Promise<Report> {
   }
 
   const runs = new Map<string, Throughput[]>(throughputTargets.map((t) => [t.id, []]));
+  // What each target's server process and the client (this process: autocannon) spent per request meanwhile.
+  const cpuRuns = new Map<string, CpuPerRequest[]>(throughputTargets.map((t) => [t.id, []]));
+  const pidOf = (child: Child | number) => (typeof child === 'number' ? child : child.pid);
   // The one-at-a-time targets in two groups, each measured in turns (measure.ts, `latencies`): the JSON-RPC
   // proxy, its floors and anvil directly; the chat upstream adapter, its floor and the upstream directly.
   const latencyGroups = [
@@ -420,7 +430,7 @@ async function main(): Promise<Report> {
   const countedRuns = new Map<string, ThreadCounters[]>([...countedBy.keys()].map((id) => [id, []]));
   for (let round = 1; round <= settings.rounds; round++) {
     const thisRound = new Map<string, number>();
-    for (const { id, target, boundedBy } of throughputTargets) {
+    for (const { id, target, boundedBy, child } of throughputTargets) {
       const presign = target.signed
         ? headersPerConnection(
             thisRound.get(boundedBy ?? '') ?? Number.NaN,
@@ -428,15 +438,27 @@ async function main(): Promise<Report> {
             settings.connections,
           )
         : 0;
+      const pid = pidOf(child);
+      const before = cpuReading(pid);
+      const clientBefore = process.cpuUsage();
       const result = await throughput(target, settings.durationS, settings.connections, { presign });
+      const client = process.cpuUsage(clientBefore);
+      const cpu = cpuPerRequest(
+        before,
+        cpuReading(pid),
+        client.user + client.system,
+        result.rps * settings.durationS,
+      );
       runs.get(id)?.push(result);
+      cpuRuns.get(id)?.push(cpu);
       thisRound.set(id, result.rps);
       log(
         `round ${round} ${id}: ${result.rps.toFixed(0)} req/s, p50 ${result.p50Ms} ms, p99 ${result.p99Ms} ms` +
           (result.failures ? `, ${result.failures} failures` : '') +
           (result.signed
             ? `; sign-ins signed before the run ${result.signed.before}, during it ${result.signed.during}`
-            : ''),
+            : '') +
+          `; CPU per request: server main thread ${cpu.mainUs.toFixed(1)} µs, other threads ${cpu.othersUs.toFixed(1)} µs, client ${cpu.clientUs.toFixed(1)} µs; machine idle ${cpu.idlePercent.toFixed(0)}%`,
       );
     }
     for (const group of latencyGroups) {
@@ -462,6 +484,7 @@ async function main(): Promise<Report> {
   const peakOf = (child: Child | number) => (typeof child === 'number' ? rssOf(child).peak : child.peakRss());
   const rows = throughputTargets.map(({ id, label, child }) => {
     const results = runs.get(id) ?? [];
+    const cpu = cpuRuns.get(id) ?? [];
     return {
       id,
       label,
@@ -470,6 +493,12 @@ async function main(): Promise<Report> {
       p99Ms: median(results.map((r) => r.p99Ms)),
       failures: results.reduce((sum, r) => sum + r.failures, 0),
       peakRssMb: peakOf(child) / 2 ** 20,
+      cpu: {
+        mainUs: median(cpu.map((c) => c.mainUs)),
+        othersUs: median(cpu.map((c) => c.othersUs)),
+        clientUs: median(cpu.map((c) => c.clientUs)),
+        idlePercent: median(cpu.map((c) => c.idlePercent)),
+      },
     };
   });
   const sequential = Object.fromEntries(

@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isMainThread } from 'node:worker_threads';
 import { expect, test } from 'vitest';
-import { perRequest, systemCallUs, threadCounters } from '../../bench/counters.ts';
+import { cpuPerRequest, cpuReading, perRequest, systemCallUs, threadCounters } from '../../bench/counters.ts';
 
 // The thread read is the process's main one (its tid is the pid): the test must run there (vitest's forks).
 const linux = process.platform === 'linux' && isMainThread;
@@ -45,4 +45,44 @@ test('behavior: the cost of a system call is a measured, finite number (no bound
   const us = systemCallUs(3, 2_000);
   expect(Number.isFinite(us)).toBe(true);
   expect(us).toBeGreaterThan(0);
+});
+
+test.runIf(linux)(
+  'behavior: the CPU readings follow the work of the main thread, within the process and the machine',
+  () => {
+    const before = cpuReading(process.pid);
+    expect(before).toBeDefined();
+    // Busy on this thread for at least 60 ms of CPU (several of /proc's 10 ms ticks).
+    const start = process.cpuUsage();
+    let spin = 0;
+    while (process.cpuUsage(start).user < 60_000) spin++;
+    const after = cpuReading(process.pid);
+    expect(spin).toBeGreaterThan(0);
+    const per = cpuPerRequest(before, after, 0, 1);
+    expect(per.mainUs).toBeGreaterThanOrEqual(40_000);
+    expect(per.othersUs).toBeGreaterThanOrEqual(0);
+    // The process's time (its threads summed, each rounded to ticks apart) within two ticks of the thread's.
+    expect((after?.processUs ?? 0) - (before?.processUs ?? 0)).toBeGreaterThanOrEqual(per.mainUs - 20_000);
+    expect(per.idlePercent).toBeGreaterThanOrEqual(0);
+    expect(per.idlePercent).toBeLessThanOrEqual(100);
+  },
+);
+
+test("behavior: CPU per request is the readings' differences over the requests; NaN for what is missing", () => {
+  const before = { mainUs: 1_000_000, processUs: 1_500_000, machine: { idle: 100, all: 1_000 } };
+  const after = { mainUs: 2_250_000, processUs: 2_850_000, machine: { idle: 400, all: 2_000 } };
+  expect(cpuPerRequest(before, after, 175_000, 10_000)).toEqual({
+    mainUs: 125,
+    othersUs: 10,
+    clientUs: 17.5,
+    idlePercent: 30,
+  });
+  // Ticks sampled apart may put the process a tick behind its main thread: never below zero.
+  expect(cpuPerRequest(before, { ...after, processUs: 2_240_000 }, 0, 10_000).othersUs).toBe(0);
+  const unread = cpuPerRequest(undefined, after, 175_000, 10_000);
+  expect(unread.mainUs).toBeNaN();
+  expect(unread.othersUs).toBeNaN();
+  expect(unread.clientUs).toBe(17.5);
+  expect(cpuPerRequest(before, after, 0, 0).mainUs).toBeNaN();
+  expect(cpuReading(2 ** 30)).toBeUndefined();
 });

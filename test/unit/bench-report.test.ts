@@ -164,3 +164,32 @@ test("behavior: the streams table has the process's first burst (cold) above the
     '| SSE chats, local engine | 1000 | 1000 | 1000 | 900.0 | 1500.0 | 248 |',
   );
 });
+
+test("behavior: CPU per request under load is a table of the rows that have it, and the chat's CPU budget at 20% of the ceiling a floor", () => {
+  const withCpu: Report = {
+    ...report,
+    rows: report.rows.map((r) =>
+      r.id === 'ceiling'
+        ? { ...r, cpu: { mainUs: 10, othersUs: 0, clientUs: 12.5, idlePercent: 4 } }
+        : r.id === 'chatSqlite'
+          ? { ...r, cpu: { mainUs: 125, othersUs: 7.5, clientUs: 17.5, idlePercent: 38 } }
+          : r,
+    ),
+  };
+  const markdown = renderMarkdown(withCpu);
+  expect(markdown).toContain(
+    '| CPU per request under load | server main thread µs | server other threads µs | client µs | machine idle | main thread allows req/s | all CPUs allow req/s |',
+  );
+  // 2 CPUs: 2,000,000 µs a second over 22.5 µs a request; the main thread alone, 1,000,000 over 10.
+  expect(markdown).toContain('| ceiling | 10.0 | 0.0 | 12.5 | 4% | 100000 | 88889 |');
+  expect(markdown).toContain('| chat | 125.0 | 7.5 | 17.5 | 38% | 8000 | 13333 |');
+  expect(markdown).not.toContain('| chat, PostgreSQL | n/a');
+  // 20% of 30,000 a second is 6,000 chats: 2,000,000 µs of CPU over them, 333.3 µs each.
+  const budget = floors(withCpu).find((f) => f.measure.startsWith('chat at 20% of the ceiling on 2 CPUs'));
+  expect(budget?.value).toBe(
+    "333.3 µs; measured 150.0 µs (the server's main thread 125.0 µs: at most 8000 chats/s, 26.7% of the ceiling)",
+  );
+  // A report of before the readings has neither.
+  expect(renderMarkdown(report)).not.toContain('CPU per request under load');
+  expect(floors(report).some((f) => f.measure.startsWith('chat at 20% of the ceiling'))).toBe(false);
+});
