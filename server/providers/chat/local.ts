@@ -306,17 +306,43 @@ function logOf(p: number): number {
 /** A piece of generated text with the log probability of its first token. */
 type Piece = { text: string; logprob: number; alternatives: { word: string; logprob: number }[] };
 
+const pieceForms = new Map<string, Array<string | undefined>>();
+
+/**
+ * A drawn word as the text of its piece: after a space (every piece but an answer's first), capitalised (a
+ * sentence's first), with a period (a sentence's last). The same string for the same word and form, remembered
+ * per word (a bounded memo: the pools' words are few), so that the memo of the pieces' tokens looks up a string
+ * whose hash V8 keeps instead of hashing a new one for every word of every answer.
+ */
+function pieceText(word: string, spaced: boolean, capital: boolean, period: boolean): string {
+  let forms = pieceForms.get(word);
+  if (!forms) {
+    if (pieceForms.size >= 4096) pieceForms.clear();
+    forms = [];
+    pieceForms.set(word, forms);
+  }
+  const form = (spaced ? 4 : 0) + (capital ? 2 : 0) + (period ? 1 : 0);
+  let text = forms[form];
+  if (text === undefined) {
+    const shown = capital ? word.charAt(0).toUpperCase() + word.slice(1) : word;
+    text = `${spaced ? ' ' : ''}${shown}${period ? '.' : ''}`;
+    forms[form] = text;
+  }
+  return text;
+}
+
 /**
  * `words` words in sentences of 8 to 14, drawn one at a time as they are taken. Only the first `limit` are
  * drawn: an answer cut by `max_tokens` cannot send more words than tokens, and the words drawn are exactly
  * those of the full answer (the same draws in the same order; the period of the last word still goes by
- * `words`).
+ * `words`). `spaceFirst`: the first word after a space too (it follows an intro).
  */
 function* drawSentences(
   sampler: Sampler,
   random: () => number,
   words: number,
   limit = words,
+  spaceFirst = false,
 ): Generator<Piece, void, undefined> {
   let previous = '';
   let inSentence = 0;
@@ -325,11 +351,9 @@ function* drawSentences(
   for (let i = 0; i < drawn; i++) {
     const draw = sampler.next(previous);
     previous = draw.word;
-    const first = inSentence === 0;
-    const word = first ? draw.word.charAt(0).toUpperCase() + draw.word.slice(1) : draw.word;
     const last = inSentence + 1 >= sentenceLength || i === words - 1;
     yield {
-      text: `${i === 0 ? '' : ' '}${word}${last ? '.' : ''}`,
+      text: pieceText(draw.word, i > 0 || spaceFirst, inSentence === 0, last),
       logprob: draw.logprob,
       alternatives: draw.alternatives,
     };
@@ -352,12 +376,7 @@ function* introThenSentences(
   limit: number,
 ): Generator<Piece, void, undefined> {
   yield fixedPiece(intro);
-  let first = true;
-  for (const piece of drawSentences(sampler, random, words, limit)) {
-    if (first) piece.text = ` ${piece.text}`;
-    first = false;
-    yield piece;
-  }
+  yield* drawSentences(sampler, random, words, limit, true);
 }
 
 /** The same pieces, all drawn at once (for answers that are edited or searched before they are sent). */
