@@ -141,15 +141,13 @@ export function cpuPerRequest(
   if (!before || !after)
     return { mainUs: Number.NaN, othersUs: Number.NaN, clientUs: per(clientUs), idlePercent: Number.NaN };
   const main = after.mainUs - before.mainUs;
-  const all = after.machine && before.machine ? after.machine.all - before.machine.all : 0;
+  const [from, to] = [before.machine, after.machine];
+  const all = from && to ? to.all - from.all : 0;
   return {
     mainUs: per(main),
     // Sampled in ticks on both sides: never below zero.
     othersUs: per(Math.max(0, after.processUs - before.processUs - main)),
     clientUs: per(clientUs),
-    idlePercent:
-      all > 0 && after.machine && before.machine
-        ? ((after.machine.idle - before.machine.idle) / all) * 100
-        : Number.NaN,
+    idlePercent: from && to && all > 0 ? ((to.idle - from.idle) / all) * 100 : Number.NaN,
   };
 }

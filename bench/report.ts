@@ -2,6 +2,8 @@
  * The benchmark report: its shape (what latest.json holds), the checks against the targets of the
  * performance issue, and its two renderings (a terminal table and markdown for bench/results/latest.md).
  */
+import type { CpuPerRequest } from './counters.ts';
+
 export type Row = {
   id: string;
   label: string;
@@ -16,7 +18,7 @@ export type Row = {
    * client's (the harness's process: autocannon), and the share of the machine's CPU time left idle. Absent
    * from reports of before the thirty-ninth round.
    */
-  cpu?: { mainUs: number; othersUs: number; clientUs: number; idlePercent: number };
+  cpu?: CpuPerRequest;
 };
 
 export type Report = {
@@ -232,34 +234,32 @@ function chatCpuBudget(report: Report): Array<{ measure: string; value: string }
 
 /** CPU per request under load, for the rows that have it (none in reports of before the thirty-ninth round). */
 function cpuTable(report: Report): { head: string[]; rows: string[][] }[] {
-  if (!report.rows.some((r) => r.cpu !== undefined)) return [];
-  return [
-    {
-      head: [
-        'CPU per request under load',
-        'server main thread µs',
-        'server other threads µs',
-        'client µs',
-        'machine idle',
-        'main thread allows req/s',
-        'all CPUs allow req/s',
-      ],
-      rows: report.rows
-        .filter((r) => r.cpu !== undefined)
-        .map((r) => {
-          const cpu = r.cpu as NonNullable<Row['cpu']>;
-          return [
-            r.label,
+  const rows = report.rows.flatMap(({ label, cpu }) =>
+    cpu
+      ? [
+          [
+            label,
             fmt(cpu.mainUs, 1),
             fmt(cpu.othersUs, 1),
             fmt(cpu.clientUs, 1),
             `${fmt(cpu.idlePercent)}%`,
             fmt(1e6 / cpu.mainUs),
             fmt((report.machine.cpus * 1e6) / cpuTotal(cpu)),
-          ];
-        }),
-    },
+          ],
+        ]
+      : [],
+  );
+  if (rows.length === 0) return [];
+  const head = [
+    'CPU per request under load',
+    'server main thread µs',
+    'server other threads µs',
+    'client µs',
+    'machine idle',
+    'main thread allows req/s',
+    'all CPUs allow req/s',
   ];
+  return [{ head, rows }];
 }
 
 function tables(report: Report): { head: string[]; rows: string[][] }[] {
