@@ -93,6 +93,8 @@ export async function createServices(
     accountConcurrency: config.databaseAccountConcurrency,
     accountBatch: config.databaseAccountBatch,
     checkpointIntervalMs: config.sqliteCheckpointIntervalMs,
+    // Each of several workers writes the one SQLite file (database.ts, sharedWriters).
+    sharedWriters: config.workers > 1,
     ...options.database,
   });
   try {

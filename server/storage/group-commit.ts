@@ -32,6 +32,13 @@
  * opened for the first function of a group. PostgreSQL does not need this (a pool of connections commits in
  * parallel) and does not use it.
  *
+ * When other processes write the same file all the time (`WORKERS` > 1: CreateDatabaseOptions.sharedWriters),
+ * a group takes SQLite's write lock through a `WriteLock`: BEGIN IMMEDIATE tried without SQLite's busy handler
+ * and, while another connection holds the lock, tried again on a later turn of the event loop (beginWhenFree).
+ * SQLite's handler would sleep (1, 2, 5, 10 ms ...) with the event loop stopped, and every request of the
+ * process with it: two workers on one file served a quarter fewer chats than one process, at a p99 of 21 ms
+ * (bench/HISTORY.md, fortieth round).
+ *
  * Every group runs its functions with one transaction object, made once (`reusable`), on the connection as
  * Kysely hands it out (its driver's lock held for the group, so Kysely's other statements wait), with BEGIN,
  * COMMIT and ROLLBACK as plain statements. Kysely's own `transaction().execute` makes a builder, two executors,
@@ -41,7 +48,7 @@
  */
 // From node:perf_hooks and node:timers, not the globals: fake timers in tests replace the globals.
 import { performance } from 'node:perf_hooks';
-import { setImmediate } from 'node:timers';
+import { setImmediate, setTimeout } from 'node:timers';
 import type {
   Compilable,
   CompiledQuery,
@@ -170,6 +177,41 @@ const completed = <DB>(item: Waiting<DB>, result: unknown): Done<DB> => ({
   result,
 });
 
+/**
+ * How a group takes SQLite's write lock when other processes write the file (see above). `tryBegin` runs
+ * BEGIN IMMEDIATE with SQLite's busy handler off: undefined once it began, SQLite's SQLITE_BUSY error while
+ * another connection holds the lock (any other error is thrown). After `timeoutMs` of trying, a group fails
+ * with that error, as the busy handler's own timeout would.
+ */
+export type WriteLock = {
+  tryBegin(): Error | undefined;
+  timeoutMs: number;
+};
+
+/**
+ * For how long (ms) a group tries for a held write lock on every turn of the event loop before it waits a
+ * timer's millisecond between tries. Another process's group holds the lock for a fraction of a millisecond,
+ * and the turns in between serve this process's requests; a millisecond's timer after a few tries left a
+ * quarter of the machine idle and two workers 25% slower (bench/HISTORY.md, fortieth round). A lock held for
+ * longer (the operator CLI's transaction) is not worth a CPU kept turning.
+ */
+export const WRITE_LOCK_SPIN_MS = 2;
+
+const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve));
+const nextMillisecond = () => new Promise<void>((resolve) => setTimeout(resolve, 1));
+
+/** BEGIN IMMEDIATE through `lock`, tried again on later turns of the event loop while the lock is held. */
+export async function beginWhenFree(lock: WriteLock): Promise<void> {
+  const start = performance.now();
+  for (;;) {
+    const busy = lock.tryBegin();
+    if (busy === undefined) return;
+    const waited = performance.now() - start;
+    if (waited >= lock.timeoutMs) throw busy;
+    await (waited < WRITE_LOCK_SPIN_MS ? nextTurn() : nextMillisecond());
+  }
+}
+
 /** How many transactions one group holds at most, so that a waiting plain statement is not held for long. */
 export const GROUP_COMMIT_MAX = 16;
 
@@ -179,6 +221,7 @@ export function groupCommitting<DB>(
   reusable: ReusableTransaction<DB>,
   maxGroup = GROUP_COMMIT_MAX,
   direct?: DirectStatement,
+  lock?: WriteLock,
 ): GroupCommitting<DB> {
   const executor = db.getExecutor();
   // Made by the first group, used by every group.
@@ -226,7 +269,8 @@ export function groupCommitting<DB>(
         shared ??= groupsTransaction(reusable, direct && directRunner(direct).executeQuery);
         const group = shared;
         // Reported as `begin`, as Kysely's driver reports a transaction's start on either engine.
-        raw('begin immediate', 'begin');
+        if (lock) await beginWhenFree(lock);
+        else raw('begin immediate', 'begin');
         began = true;
         group.connection = connection;
         try {
