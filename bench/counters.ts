@@ -84,11 +84,36 @@ export function systemCallUs(batches = 5, calls = 20_000): number {
   }
 }
 
-/** CPU time, in µs, of a process's main thread and of all its threads, and of the machine's CPUs. */
+/**
+ * CPU time, in µs, of a process's main thread and of all its threads, and of the machine's CPUs; for a process
+ * read with its children (cpuReading), the sums over it and them.
+ */
 export type CpuReading = { mainUs: number; processUs: number; machine?: { idle: number; all: number } };
 
-/** CPU per request between two readings: the server's main thread, its other threads, the client's process. */
-export type CpuPerRequest = { mainUs: number; othersUs: number; clientUs: number; idlePercent: number };
+/**
+ * CPU per request between two readings: the server's main thread, its other threads, the client's process.
+ * `mainThreads`: how many main threads `mainUs` sums (a `WORKERS` server's workers; one when absent), each of
+ * which serves its own requests.
+ */
+export type CpuPerRequest = {
+  mainUs: number;
+  othersUs: number;
+  clientUs: number;
+  idlePercent: number;
+  mainThreads?: number;
+};
+
+/** The pids of a process's children (forked by its main thread: a `node:cluster` primary's workers); [] unread. */
+export function childrenOf(pid: number): number[] {
+  try {
+    return readFileSync(`/proc/${pid}/task/${pid}/children`, 'utf8')
+      .split(' ')
+      .filter((text) => text.trim() !== '')
+      .map(Number);
+  } catch {
+    return [];
+  }
+}
 
 /** Clock ticks of `/proc/<pid>/stat`-like text (utime + stime, fields 14 and 15), after the command's parentheses. */
 function ticksOf(stat: string): number {
@@ -103,12 +128,17 @@ const TICK_US = 10_000;
  * A process's CPU time so far (Linux `/proc/<pid>/stat`, which keeps the threads that ended, and its main
  * thread's `/proc/<pid>/task/<pid>/stat`), with the machine's CPU times (`/proc/stat`: idle and all);
  * undefined where the kernel does not give them. In clock ticks (10 ms): over a run of seconds and thousands of
- * requests, well under a µs per request.
+ * requests, well under a µs per request. `withChildren`: summed over the process and its children (a
+ * `node:cluster` primary and its workers: their main threads, and all their threads).
  */
-export function cpuReading(pid: number): CpuReading | undefined {
+export function cpuReading(pid: number, withChildren = false): CpuReading | undefined {
   try {
-    const processUs = ticksOf(readFileSync(`/proc/${pid}/stat`, 'utf8')) * TICK_US;
-    const mainUs = ticksOf(readFileSync(`/proc/${pid}/task/${pid}/stat`, 'utf8')) * TICK_US;
+    let processUs = 0;
+    let mainUs = 0;
+    for (const one of withChildren ? [pid, ...childrenOf(pid)] : [pid]) {
+      processUs += ticksOf(readFileSync(`/proc/${one}/stat`, 'utf8')) * TICK_US;
+      mainUs += ticksOf(readFileSync(`/proc/${one}/task/${one}/stat`, 'utf8')) * TICK_US;
+    }
     const cpu = readFileSync('/proc/stat', 'utf8')
       .split('\n', 1)[0]
       ?.trim()
@@ -129,17 +159,26 @@ export function cpuReading(pid: number): CpuReading | undefined {
 /**
  * What the server (`before`/`after`: cpuReading of its process) and the client (`clientUs`: the harness's own
  * process.cpuUsage() over the same span, user and system) spent per request, and the share of the machine's
- * CPU time left idle meanwhile; NaN for what a reading is missing.
+ * CPU time left idle meanwhile; NaN for what a reading is missing. `mainThreads`: how many main threads the
+ * readings sum (a `WORKERS` server read with its children), carried into the result.
  */
 export function cpuPerRequest(
   before: CpuReading | undefined,
   after: CpuReading | undefined,
   clientUs: number,
   requests: number,
+  mainThreads?: number,
 ): CpuPerRequest {
   const per = (us: number) => (requests > 0 ? us / requests : Number.NaN);
+  const threads = mainThreads === undefined ? {} : { mainThreads };
   if (!before || !after)
-    return { mainUs: Number.NaN, othersUs: Number.NaN, clientUs: per(clientUs), idlePercent: Number.NaN };
+    return {
+      mainUs: Number.NaN,
+      othersUs: Number.NaN,
+      clientUs: per(clientUs),
+      idlePercent: Number.NaN,
+      ...threads,
+    };
   const main = after.mainUs - before.mainUs;
   const [from, to] = [before.machine, after.machine];
   const all = from && to ? to.all - from.all : 0;
@@ -149,5 +188,6 @@ export function cpuPerRequest(
     othersUs: per(Math.max(0, after.processUs - before.processUs - main)),
     clientUs: per(clientUs),
     idlePercent: from && to && all > 0 ? ((to.idle - from.idle) / all) * 100 : Number.NaN,
+    ...threads,
   };
 }

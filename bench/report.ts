@@ -15,8 +15,9 @@ export type Row = {
   /**
    * CPU per request under load (counters.ts `cpuPerRequest`, medians over the rounds), µs: the target's server
    * process's main thread and its other threads (a database's own processes, PostgreSQL's, not counted), the
-   * client's (the harness's process: autocannon), and the share of the machine's CPU time left idle. Absent
-   * from reports of before the thirty-ninth round.
+   * client's (the harness's process: autocannon), and the share of the machine's CPU time left idle; for a
+   * `WORKERS` server, summed over its primary and workers (`mainThreads` of them, since the fortieth round).
+   * Absent from reports of before the thirty-ninth round.
    */
   cpu?: CpuPerRequest;
 };
@@ -243,7 +244,8 @@ function cpuTable(report: Report): { head: string[]; rows: string[][] }[] {
             fmt(cpu.othersUs, 1),
             fmt(cpu.clientUs, 1),
             `${fmt(cpu.idlePercent)}%`,
-            fmt(1e6 / cpu.mainUs),
+            // Each of a `WORKERS` server's main threads serves its own requests.
+            fmt(((cpu.mainThreads ?? 1) * 1e6) / cpu.mainUs),
             fmt((report.machine.cpus * 1e6) / cpuTotal(cpu)),
           ],
         ]

@@ -26,6 +26,7 @@ import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
 import {
   type CpuPerRequest,
+  childrenOf,
   countedLatencies,
   cpuPerRequest,
   cpuReading,
@@ -127,7 +128,8 @@ async function main(): Promise<Report> {
   const aheadUrl = `sqlite:${join(scratch, 'ahead.db')}`;
   const infoUrl = `sqlite:${join(scratch, 'info.db')}`;
   const walletsUrl = `sqlite:${join(scratch, 'wallets.db')}`;
-  const [sqliteKey, budgetKey, postgresKey, streamsKey, floorKey, bareKey, aheadKey, infoKey] = [
+  const workersUrl = `sqlite:${join(scratch, 'workers.db')}`;
+  const [sqliteKey, budgetKey, postgresKey, streamsKey, floorKey, bareKey, aheadKey, infoKey, workersKey] = [
     await fundedKey(sqliteUrl),
     // A spend limit of a million USD a day: checked on every request, never reached.
     await fundedKey(sqliteUrl, 10n ** 15n),
@@ -137,6 +139,7 @@ async function main(): Promise<Report> {
     await fundedKey(`sqlite:${bareFile}`),
     await fundedKey(aheadUrl),
     await fundedKey(infoUrl),
+    await fundedKey(workersUrl),
   ];
   // The PostgreSQL chat again with a key (and an account) per connection: what the one key's account lock
   // leaves out (every reservation and capture of an account waits for the one before it to commit).
@@ -203,6 +206,15 @@ async function main(): Promise<Report> {
     { stdoutFile: join(scratch, 'info.log') },
   );
 
+  // Two worker processes (`WORKERS=2`) on a SQLite file of their own: what one machine's second CPU adds on
+  // SQLite, whose workers share the file's write lock.
+  const onWorkers = await startNodeChild(
+    'server (SQLite, WORKERS=2)',
+    SERVER,
+    serverEnv(workersUrl, catalogPath, { WORKERS: '2' }),
+    '/healthz',
+  );
+
   const api = (server: Child) => `${server.origin}/api/v1`;
   // The chat upstream adapter's request to the upstream itself.
   const upstreamItself = upstreamTarget(upstream.origin);
@@ -215,6 +227,8 @@ async function main(): Promise<Report> {
     target: Target;
     child: Child | number;
     boundedBy?: string;
+    /** A `WORKERS` server: its workers, whose CPU and memory are read with the primary's (counters.ts). */
+    workers?: number;
   }> = [
     {
       id: 'ceiling',
@@ -256,6 +270,15 @@ async function main(): Promise<Report> {
       label: 'chat, local engine, API key, SQLite, LOG_LEVEL=info (the default)',
       target: localChatTarget(atInfo.origin, infoKey),
       child: atInfo,
+    },
+    {
+      // Two worker processes on one SQLite file, which wait for its write lock on their event loops
+      // (database.ts `sharedWriters`; bench/HISTORY.md, fortieth round).
+      id: 'chatWorkers',
+      label: 'chat, local engine, API key, SQLite, WORKERS=2',
+      target: localChatTarget(onWorkers.origin, workersKey),
+      child: onWorkers,
+      workers: 2,
     },
     {
       id: 'chatPostgres',
@@ -430,7 +453,7 @@ async function main(): Promise<Report> {
   const countedRuns = new Map<string, ThreadCounters[]>([...countedBy.keys()].map((id) => [id, []]));
   for (let round = 1; round <= settings.rounds; round++) {
     const thisRound = new Map<string, number>();
-    for (const { id, target, boundedBy, child } of throughputTargets) {
+    for (const { id, target, boundedBy, child, workers } of throughputTargets) {
       const presign = target.signed
         ? headersPerConnection(
             thisRound.get(boundedBy ?? '') ?? Number.NaN,
@@ -439,15 +462,16 @@ async function main(): Promise<Report> {
           )
         : 0;
       const pid = pidOf(child);
-      const before = cpuReading(pid);
+      const before = cpuReading(pid, workers !== undefined);
       const clientBefore = process.cpuUsage();
       const result = await throughput(target, settings.durationS, settings.connections, { presign });
       const client = process.cpuUsage(clientBefore);
       const cpu = cpuPerRequest(
         before,
-        cpuReading(pid),
+        cpuReading(pid, workers !== undefined),
         client.user + client.system,
         result.rps * settings.durationS,
+        workers,
       );
       runs.get(id)?.push(result);
       cpuRuns.get(id)?.push(cpu);
@@ -481,8 +505,14 @@ async function main(): Promise<Report> {
     }
   }
 
-  const peakOf = (child: Child | number) => (typeof child === 'number' ? rssOf(child).peak : child.peakRss());
-  const rows = throughputTargets.map(({ id, label, child }) => {
+  // A `WORKERS` server's peak: the primary's and its workers' peaks added up (each its own process's).
+  const peakOf = (child: Child | number, workers?: number) =>
+    workers !== undefined
+      ? [pidOf(child), ...childrenOf(pidOf(child))].reduce((sum, pid) => sum + rssOf(pid).peak, 0)
+      : typeof child === 'number'
+        ? rssOf(child).peak
+        : child.peakRss();
+  const rows = throughputTargets.map(({ id, label, child, workers }) => {
     const results = runs.get(id) ?? [];
     const cpu = cpuRuns.get(id) ?? [];
     return {
@@ -492,12 +522,13 @@ async function main(): Promise<Report> {
       p50Ms: median(results.map((r) => r.p50Ms)),
       p99Ms: median(results.map((r) => r.p99Ms)),
       failures: results.reduce((sum, r) => sum + r.failures, 0),
-      peakRssMb: peakOf(child) / 2 ** 20,
+      peakRssMb: peakOf(child, workers) / 2 ** 20,
       cpu: {
         mainUs: median(cpu.map((c) => c.mainUs)),
         othersUs: median(cpu.map((c) => c.othersUs)),
         clientUs: median(cpu.map((c) => c.clientUs)),
         idlePercent: median(cpu.map((c) => c.idlePercent)),
+        ...(workers === undefined ? {} : { mainThreads: workers }),
       },
     };
   });

@@ -2,12 +2,20 @@
  * The kernel's counts of a thread (bench/counters.ts), which `npm run bench:ab` reports per request: read from
  * this very thread, they follow the system calls it makes.
  */
+import { spawn } from 'node:child_process';
 import { closeSync, openSync, readSync, rmSync, writeSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isMainThread } from 'node:worker_threads';
 import { expect, test } from 'vitest';
-import { cpuPerRequest, cpuReading, perRequest, systemCallUs, threadCounters } from '../../bench/counters.ts';
+import {
+  childrenOf,
+  cpuPerRequest,
+  cpuReading,
+  perRequest,
+  systemCallUs,
+  threadCounters,
+} from '../../bench/counters.ts';
 
 // The thread read is the process's main one (its tid is the pid): the test must run there (vitest's forks).
 const linux = process.platform === 'linux' && isMainThread;
@@ -65,6 +73,37 @@ test.runIf(linux)(
     expect((after?.processUs ?? 0) - (before?.processUs ?? 0)).toBeGreaterThanOrEqual(per.mainUs - 20_000);
     expect(per.idlePercent).toBeGreaterThanOrEqual(0);
     expect(per.idlePercent).toBeLessThanOrEqual(100);
+  },
+);
+
+test.runIf(linux)(
+  "behavior: read with its children, a process's CPU includes theirs (a cluster primary's workers)",
+  async () => {
+    // A child that spins 150 ms of CPU on its main thread, says so, then idles until it is killed.
+    const child = spawn(
+      process.execPath,
+      [
+        '-e',
+        'const s = process.cpuUsage(); while (process.cpuUsage(s).user < 150000); console.log("done"); setInterval(() => {}, 1000);',
+      ],
+      { stdio: ['ignore', 'pipe', 'ignore'] },
+    );
+    try {
+      const pid = child.pid as number;
+      const before = { alone: cpuReading(process.pid), tree: cpuReading(process.pid, true) };
+      await new Promise<void>((resolve) => child.stdout?.once('data', () => resolve()));
+      expect(childrenOf(process.pid)).toContain(pid);
+      const alone = cpuPerRequest(before.alone, cpuReading(process.pid), 0, 1);
+      const tree = cpuPerRequest(before.tree, cpuReading(process.pid, true), 0, 1, 2);
+      // The child's 150 ms were spent between the readings (it started just before the first); this
+      // process's main thread mostly waited meanwhile. Ticks are 10 ms: margins of a few.
+      expect(tree.mainUs - alone.mainUs).toBeGreaterThanOrEqual(100_000);
+      expect(tree.mainThreads).toBe(2);
+      expect(alone.mainThreads).toBeUndefined();
+    } finally {
+      child.kill('SIGKILL');
+    }
+    expect(childrenOf(2 ** 30)).toEqual([]);
   },
 );
 

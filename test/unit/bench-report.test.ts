@@ -189,6 +189,24 @@ test("behavior: CPU per request under load is a table of the rows that have it, 
   expect(budget?.value).toBe(
     "333.3 µs; measured 150.0 µs (the server's main thread 125.0 µs: at most 8000 chats/s, 26.7% of the ceiling)",
   );
+  // A `WORKERS=2` row: its main threads' time summed, each thread serving its own requests.
+  const workers: Report = {
+    ...withCpu,
+    rows: [
+      ...withCpu.rows,
+      {
+        id: 'chatWorkers',
+        label: 'chat, WORKERS=2',
+        rps: 8_000,
+        p50Ms: 1,
+        p99Ms: 4,
+        failures: 0,
+        peakRssMb: 400,
+        cpu: { mainUs: 180, othersUs: 20, clientUs: 25, idlePercent: 3, mainThreads: 2 },
+      },
+    ],
+  };
+  expect(renderMarkdown(workers)).toContain('| chat, WORKERS=2 | 180.0 | 20.0 | 25.0 | 3% | 11111 | 8889 |');
   // A report of before the readings has neither.
   expect(renderMarkdown(report)).not.toContain('CPU per request under load');
   expect(floors(report).some((f) => f.measure.startsWith('chat at 20% of the ceiling'))).toBe(false);
