@@ -75,6 +75,7 @@ const settings = {
   quick,
   onlyStreams: only === 'streams',
   durationS: envInt('BENCH_DURATION', quick ? 2 : 4),
+  warmupS: envInt('BENCH_WARMUP', quick ? 1 : 2),
   rounds: envInt('BENCH_ROUNDS', quick ? 2 : 3),
   connections: envInt('BENCH_CONNECTIONS', 16),
   streams: envInt('BENCH_STREAMS', quick ? 500 : 1000),
@@ -413,6 +414,17 @@ async function main(): Promise<Report> {
     }
     if ((id === 'floorRpc' || id === 'bareProxy') && !body.includes('"result"')) {
       throw new Error(`${id} did not reach anvil: ${body.slice(0, 200)}`);
+    }
+  }
+
+  // Each throughput target under load once before the rounds, not recorded: V8 compiles a server's hot code on
+  // its threads over its first thousands of requests, and two workers (each its own V8) take twice as many.
+  // Without it the first round of the `WORKERS=2` row read 3,409 chats/s and 163 µs of other threads a chat,
+  // its second 6,062, its third 7,494 (bench/HISTORY.md, fortieth round).
+  if (settings.warmupS > 0) {
+    log(`warming every throughput target up (${settings.warmupS} s each)`);
+    for (const { target } of throughputTargets) {
+      await throughput(target, settings.warmupS, settings.connections);
     }
   }
 
