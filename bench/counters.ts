@@ -115,6 +115,9 @@ export function childrenOf(pid: number): number[] {
   }
 }
 
+/** A process and its children: a `node:cluster` primary and its workers. */
+export const processTree = (pid: number): number[] => [pid, ...childrenOf(pid)];
+
 /** Clock ticks of `/proc/<pid>/stat`-like text (utime + stime, fields 14 and 15), after the command's parentheses. */
 function ticksOf(stat: string): number {
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
@@ -135,7 +138,7 @@ export function cpuReading(pid: number, withChildren = false): CpuReading | unde
   try {
     let processUs = 0;
     let mainUs = 0;
-    for (const one of withChildren ? [pid, ...childrenOf(pid)] : [pid]) {
+    for (const one of withChildren ? processTree(pid) : [pid]) {
       processUs += ticksOf(readFileSync(`/proc/${one}/stat`, 'utf8')) * TICK_US;
       mainUs += ticksOf(readFileSync(`/proc/${one}/task/${one}/stat`, 'utf8')) * TICK_US;
     }

@@ -26,10 +26,10 @@ import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
 import {
   type CpuPerRequest,
-  childrenOf,
   countedLatencies,
   cpuPerRequest,
   cpuReading,
+  processTree,
   systemCallUs,
   type ThreadCounters,
 } from './counters.ts';
@@ -474,13 +474,14 @@ async function main(): Promise<Report> {
           )
         : 0;
       const pid = pidOf(child);
-      const before = cpuReading(pid, workers !== undefined);
+      const tree = workers !== undefined;
+      const before = cpuReading(pid, tree);
       const clientBefore = process.cpuUsage();
       const result = await throughput(target, settings.durationS, settings.connections, { presign });
       const client = process.cpuUsage(clientBefore);
       const cpu = cpuPerRequest(
         before,
-        cpuReading(pid, workers !== undefined),
+        cpuReading(pid, tree),
         client.user + client.system,
         result.rps * settings.durationS,
         workers,
@@ -520,7 +521,7 @@ async function main(): Promise<Report> {
   // A `WORKERS` server's peak: the primary's and its workers' peaks added up (each its own process's).
   const peakOf = (child: Child | number, workers?: number) =>
     workers !== undefined
-      ? [pidOf(child), ...childrenOf(pidOf(child))].reduce((sum, pid) => sum + rssOf(pid).peak, 0)
+      ? processTree(pidOf(child)).reduce((sum, pid) => sum + rssOf(pid).peak, 0)
       : typeof child === 'number'
         ? rssOf(child).peak
         : child.peakRss();

@@ -283,13 +283,12 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   // Every SQLite statement is prepared once (cachingStatements).
   // With other processes writing the file (sharedWriters), a short write is always a group's, so that it takes
   // the lock as groups do: at once (EAGER) while the groups are quiet, as the write alone would have run.
-  const wrapped = wrap(db, 'sqlite', true, group.transaction, (fn, writeOptions) =>
-    lock
-      ? group.transaction(fn, EAGER)
-      : group.busy() || (writeOptions?.joinShared === true && group.shared())
-        ? group.transaction(fn)
-        : fn(runner),
-  );
+  const wrapped = wrap(db, 'sqlite', true, group.transaction, (fn, writeOptions) => {
+    if (lock) return group.transaction(fn, EAGER);
+    return group.busy() || (writeOptions?.joinShared === true && group.shared())
+      ? group.transaction(fn)
+      : fn(runner);
+  });
   const dataVersion = sqlite.prepare('PRAGMA data_version').pluck().safeIntegers(false);
   let noted = 0;
   const database = extend(wrapped, {
