@@ -9,6 +9,7 @@ import { RPC_NETWORK_SLUGS, upstreamListSchema, upstreamVariable } from './domai
 import { IDLE_POLL_US } from './http/idle-poll.ts';
 import { ACCOUNT_CONCURRENCY, BATCH_MAX } from './storage/account-gate.ts';
 import { CHECKPOINT_INTERVAL_MS } from './storage/database.ts';
+import { FLUSH_MS } from './storage/held-counts.ts';
 
 const bool = z
   .enum(['true', 'false', '1', '0', 'yes', 'no', 'on', 'off'])
@@ -37,6 +38,7 @@ const variables = z.object({
     .min(1)
     .max(3_600_000)
     .default(CHECKPOINT_INTERVAL_MS),
+  SQLITE_RATE_LIMIT_FLUSH_MS: z.coerce.number().int().min(0).max(60_000).default(FLUSH_MS),
   SERVICE_CONFIG: z.string().min(1).optional(),
   ADMIN_API_KEY: z.string().min(20, 'at least 20 characters').optional(),
   BOOTSTRAP_BALANCE_USD: usd.default('10'),
@@ -129,6 +131,11 @@ const schema = variables.transform((env) => ({
   databaseAccountBatch: env.DATABASE_ACCOUNT_BATCH,
   /** SQLite: how often the checkpointer thread copies the WAL into the database file. */
   sqliteCheckpointIntervalMs: env.SQLITE_CHECKPOINT_INTERVAL_MS,
+  /**
+   * SQLite served by one process: how long its rate-limit counts wait in memory for their rows (at most what
+   * a crash loses; held-counts.ts); 0 counts in the rows at once, as `WORKERS` > 1 and PostgreSQL do.
+   */
+  sqliteRateLimitFlushMs: env.SQLITE_RATE_LIMIT_FLUSH_MS,
   serviceConfigPath: env.SERVICE_CONFIG,
   adminApiKey: env.ADMIN_API_KEY,
   bootstrapBalanceUsd: env.BOOTSTRAP_BALANCE_USD,

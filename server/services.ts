@@ -88,7 +88,7 @@ export async function createServices(
     config.serviceConfigPath ? { overridePath: config.serviceConfigPath } : {},
   );
   const catalog = createCatalogService(loadedCatalog, { publicBaseUrl: config.publicOrigin });
-  const database = await createDatabase(config.databaseUrl, {
+  const databaseOptions: CreateDatabaseOptions = {
     preparedStatements: config.databasePreparedStatements,
     accountConcurrency: config.databaseAccountConcurrency,
     accountBatch: config.databaseAccountBatch,
@@ -96,7 +96,8 @@ export async function createServices(
     // Each of several workers writes the one SQLite file (database.ts, sharedWriters).
     sharedWriters: config.workers > 1,
     ...options.database,
-  });
+  };
+  const database = await createDatabase(config.databaseUrl, databaseOptions);
   try {
     await migrate(database);
   } catch (error) {
@@ -117,7 +118,12 @@ export async function createServices(
       }
     },
   });
-  const rateLimits = createRateLimits(database);
+  // One process on SQLite counts rate limits in memory and writes them behind (held-counts.ts); workers that
+  // share the file count in its rows, as PostgreSQL's instances do.
+  const rateLimits = createRateLimits(database, {
+    held: databaseOptions.sharedWriters !== true && config.sqliteRateLimitFlushMs > 0,
+    heldCounts: { flushMs: config.sqliteRateLimitFlushMs },
+  });
   const idempotency = createIdempotency(database);
   const metrics = createMetrics();
   const inFlight = createInFlight();
@@ -393,6 +399,7 @@ export async function createServices(
       rpc.close();
       await videoWorker.stop();
       wallet.close();
+      await rateLimits.close();
       return database.close();
     },
   };

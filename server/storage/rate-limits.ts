@@ -28,6 +28,7 @@
 import { type Selectable, sql } from 'kysely';
 import { type Database, JOIN_SHARED } from './database.ts';
 import { InvalidInputError } from './errors.ts';
+import { createHeldCounts, type HeldCount, type HeldCountsOptions } from './held-counts.ts';
 import {
   changedAny,
   compiledOnce,
@@ -116,6 +117,18 @@ export type LogEventInput = {
   now?: number;
 };
 
+export type RateLimitsOptions = RepositoryOptions & {
+  /**
+   * On SQLite, when no other process counts in the file (one server process, `WORKERS=1`): the counts of
+   * `admit` and `add` are held in this process and written to their rows every 50 ms (held-counts.ts).
+   * `hit` and `count`, whose counts commit or roll back with a caller's transaction, still count in the rows:
+   * a bucket is counted through the one or the other, never both.
+   */
+  held?: boolean;
+  /** Held counts' settings (tests). */
+  heldCounts?: Pick<HeldCountsOptions, 'flushMs' | 'capacity'>;
+};
+
 export type RateLimitsRepository = ReturnType<typeof createRateLimits>;
 
 function toEvent(row: Selectable<RateLimitEventsTable>): RateLimitEvent {
@@ -149,7 +162,7 @@ function positiveInteger(field: string, value: number, allowZero = false): numbe
 const ADMISSION_UNFLUSHED = sql<string>`set_config('synchronous_commit', 'off', true)`.as('unflushed');
 
 /** The rate-limit repository. */
-export function createRateLimits(database: Database, options: RepositoryOptions = {}) {
+export function createRateLimits(database: Database, options: RateLimitsOptions = {}) {
   const { db } = database;
   const { now, randomId } = resolveOptions(options);
 
@@ -196,6 +209,28 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
     const [row] = await selectUsed(runner, bucket, windowStart);
     return row ? toNumber(row.used) : 0;
   }
+
+  /** A count added to a window's row, whatever its limit (a held count's write). */
+  const addToRow = compiledOnceResult((bucket: string, windowStart: number, cost: number) =>
+    db
+      .insertInto('rate_limit_counters')
+      .values({ bucket, window_start_ms: windowStart, used: cost })
+      .onConflict((oc) =>
+        oc
+          .columns(['bucket', 'window_start_ms'])
+          .doUpdateSet((eb) => ({ used: eb('rate_limit_counters.used', '+', cost) })),
+      ),
+  );
+  const held =
+    options.held === true && database.dialect === 'sqlite'
+      ? createHeldCounts({
+          read: (bucket, start, runner) => current(bucket, start, runner),
+          write: (runner, bucket, start, cost) => addToRow(runner, bucket, start, cost),
+          commit: (fn) => database.write(fn, JOIN_SHARED),
+          now,
+          ...options.heldCounts,
+        })
+      : undefined;
 
   type HitPlan = ReturnType<typeof planHit>;
   /** A window's figures as every answer gives them (`hit`, `admit`, `peek`). */
@@ -334,6 +369,24 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       });
       if (new Set(windows.map((w) => w.bucket)).size !== windows.length)
         throw new InvalidInputError('windows', 'windows must name distinct buckets');
+      if (held) {
+        const counts = held.lookup(windows) ?? (await held.counts(windows));
+        // From here to the counts added, nothing awaited: no other admission runs in between.
+        let allowed = true;
+        for (let i = 0; i < windows.length; i++) {
+          const window = windows[i] as (typeof windows)[number];
+          if ((counts[i] as HeldCount).used + window.cost > window.cap) allowed = false;
+        }
+        const results: HitResult[] = [];
+        for (let i = 0; i < windows.length; i++) {
+          const window = windows[i] as (typeof windows)[number];
+          const count = counts[i] as HeldCount;
+          if (allowed) held.add(count, window.cost);
+          // Refused, each window says whether it had room; its count is without this request.
+          results.push(hitResult(window, count.used, allowed || count.used + window.cost <= window.cap));
+        }
+        return { allowed, windows: results };
+      }
       // Nothing can fit in some window: answer without writing (an insert would count unconditionally).
       if (windows.some((w) => w.cost > w.cap)) {
         const results = [];
@@ -379,8 +432,41 @@ export function createRateLimits(database: Database, options: RepositoryOptions 
       const windowMs = positiveInteger('windowMs', input.windowMs);
       const limit = positiveInteger('limit', input.limit, true);
       const { start, resetAtMs } = windowOf(windowMs, input.now ?? now());
-      const used = await current(input.bucket, start);
+      const used = held
+        ? ((await held.counts([{ bucket: input.bucket, start, resetAtMs }]))[0] as HeldCount).used
+        : await current(input.bucket, start);
       return hitResult({ limit, resetAtMs }, used, used < limit);
+    },
+
+    /**
+     * Counts units already used, whatever the limit (a finished request's tokens): held in this process when
+     * counts are held (whatever becomes of `runner`'s transaction: the work was done), otherwise as `count`
+     * does, in `runner`'s transaction.
+     */
+    async add(input: Omit<HitInput, 'limit'>, runner: StatementRunner = db): Promise<void> {
+      const windowMs = positiveInteger('windowMs', input.windowMs);
+      const cost = positiveInteger('cost', input.cost ?? 1, true);
+      const { start, resetAtMs } = windowOf(windowMs, input.now ?? now());
+      if (!held) {
+        await countHitQuietly(runner, input.bucket, start, cost, Number.MAX_SAFE_INTEGER);
+        return;
+      }
+      const window = { bucket: input.bucket, start, resetAtMs };
+      const [count] = held.lookup([window]) ?? (await held.counts([window], runner));
+      held.add(count as HeldCount, cost);
+    },
+
+    /** Whether this repository holds the counts of `admit` and `add` (RateLimitsOptions.held). */
+    holds: held !== undefined,
+
+    /** Writes the counts held in this process to their rows; resolves once committed. */
+    flush(): Promise<void> {
+      return held?.flush() ?? Promise.resolve();
+    },
+
+    /** Writes what is held, before the database closes; nothing held is written after it. */
+    close(): Promise<void> {
+      return held?.close() ?? Promise.resolve();
     },
 
     /** Deletes counters of windows that started before `beforeMs`; returns how many. */

@@ -73,9 +73,13 @@ describe.each(engines)('chat admission on $name', ({ url }) => {
     return { accountId, key, keyId: listed?.id ?? '' };
   }
 
-  /** The key's counts in the model's windows (after the captures the answers did not wait for). */
+  /**
+   * The key's counts in the model's windows, in their rows: after the captures the answers did not wait for,
+   * and the counts one SQLite process holds written behind (held-counts.ts).
+   */
   async function windows(keyId: string) {
     await server.services.charges.idle();
+    await server.services.rateLimits.flush();
     const rows = await server.services.database.db
       .selectFrom('rate_limit_counters')
       .select(['bucket', 'used'])

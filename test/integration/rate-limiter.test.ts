@@ -1,7 +1,9 @@
 /**
  * The rate limiter over a real SQLite file: a model's tokens per minute, requests per day and per minute are
- * admitted together in one statement, a refusal is a 429 of the window that refused (in the order tokens,
- * day, minute), is logged, and counts the request in none of the windows.
+ * admitted together (in one statement, or in memory when the process holds the counts), a refusal is a 429 of
+ * the window that refused (in the order tokens, day, minute), is logged, and counts the request in none of the
+ * windows. Both ways of counting, the rows (`WORKERS` > 1, PostgreSQL) and the counts one process holds and
+ * writes behind (held-counts.ts), answer alike.
  */
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -29,161 +31,201 @@ let limiter: RateLimiter;
 let nowMs = T0;
 let principal: ApiKeyPrincipal;
 
-beforeAll(async () => {
-  database = await createDatabase(`sqlite:${join(scratch, 'db.sqlite')}`);
-  await migrate(database);
-  const llama = (parse(shipped) as { models: Record<string, Record<string, unknown>> }).models[MODEL];
-  const limits = { requestsPerMinute: 2, requestsPerDay: 3, tokensPerMinute: 100 };
-  const override = stringify({
-    models: { [MODEL]: { ...llama, rateLimits: { paid: limits, partner: limits } } },
-  });
-  const catalog = createCatalogService(
-    buildCatalog([
-      { path: DEFAULT_CATALOG_PATH, text: shipped },
-      { path: 'override.yaml', text: override },
-    ]),
-  );
-  rateLimits = createRateLimits(database);
-  limiter = createRateLimiter({ rateLimits, catalog, now: () => nowMs });
-  const account = await createAccounts(database).createApiAccount();
-  const { key } = await createApiKeys(database).create({ accountId: account.id, keyType: 'INFERENCE' });
-  principal = { kind: 'apiKey', accountId: account.id, keyId: key.id, keyType: 'INFERENCE' };
-});
+afterAll(() => rmSync(scratch, { recursive: true, force: true }));
 
-afterAll(async () => {
-  await database?.close();
-  rmSync(scratch, { recursive: true, force: true });
-});
-
-const used = async (type: 'TPM' | 'RPD' | 'RPM') =>
-  (
-    await rateLimits.peek({
-      bucket: `key:${principal.keyId}:model:${MODEL}:${type}`,
-      windowMs: type === 'RPD' ? 86_400_000 : 60_000,
-      limit: 1,
-      now: nowMs,
-    })
-  ).used;
-
-async function refusal(): Promise<ApiError> {
-  const error = await limiter.admit(principal, 'paid', MODEL).then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(error).toBeInstanceOf(ApiError);
-  return error as ApiError;
-}
-
-describe('createRateLimiter().admit', () => {
-  test('behavior: an admitted request gets the request and token headers and is counted per day and minute', async () => {
-    const { headers } = await limiter.admit(principal, 'paid', MODEL);
-    expect(headers).toEqual({
-      'x-ratelimit-limit-requests': 2,
-      'x-ratelimit-remaining-requests': 1,
-      'x-ratelimit-reset-requests': Math.ceil((T0 + 60_000) / 1000),
-      'x-ratelimit-type': 'api_key',
-      'x-ratelimit-limit-tokens': 100,
-      'x-ratelimit-remaining-tokens': 100,
-      'x-ratelimit-reset-tokens': 60,
+describe.each([
+  { held: false, name: 'counted in the rows' },
+  { held: true, name: 'held in the process' },
+])('rate limits $name', ({ held }) => {
+  beforeAll(async () => {
+    database = await createDatabase(`sqlite:${join(scratch, `${held}.sqlite`)}`);
+    nowMs = T0;
+    await migrate(database);
+    const llama = (parse(shipped) as { models: Record<string, Record<string, unknown>> }).models[MODEL];
+    const limits = { requestsPerMinute: 2, requestsPerDay: 3, tokensPerMinute: 100 };
+    const override = stringify({
+      models: { [MODEL]: { ...llama, rateLimits: { paid: limits, partner: limits } } },
     });
-    expect([await used('RPD'), await used('RPM')]).toEqual([1, 1]);
+    const catalog = createCatalogService(
+      buildCatalog([
+        { path: DEFAULT_CATALOG_PATH, text: shipped },
+        { path: 'override.yaml', text: override },
+      ]),
+    );
+    rateLimits = createRateLimits(database, { held });
+    limiter = createRateLimiter({ rateLimits, catalog, now: () => nowMs });
+    const account = await createAccounts(database).createApiAccount();
+    const { key } = await createApiKeys(database).create({ accountId: account.id, keyType: 'INFERENCE' });
+    principal = { kind: 'apiKey', accountId: account.id, keyId: key.id, keyType: 'INFERENCE' };
   });
 
-  test('behavior: the minute refuses with 429 RPM, logged, and the day does not count the refused request', async () => {
-    await limiter.admit(principal, 'paid', MODEL);
-    const error = await refusal();
-    expect(error).toMatchObject({ status: 429, code: 'RATE_LIMIT_EXCEEDED' });
-    expect(error.message).toContain('RPM');
-    expect(error.headers).toMatchObject({ 'Retry-After': '60', 'x-ratelimit-type': 'api_key' });
-    expect([await used('RPD'), await used('RPM')]).toEqual([2, 2]);
-    expect((await rateLimits.listEvents(principal.accountId))[0]).toMatchObject({
-      limitType: 'RPM',
-      modelId: MODEL,
-      apiKeyId: principal.keyId,
-      tier: 'paid',
+  afterAll(async () => {
+    await rateLimits?.close();
+    await database?.close();
+  });
+
+  const used = async (type: 'TPM' | 'RPD' | 'RPM') =>
+    (
+      await rateLimits.peek({
+        bucket: `key:${principal.keyId}:model:${MODEL}:${type}`,
+        windowMs: type === 'RPD' ? 86_400_000 : 60_000,
+        limit: 1,
+        now: nowMs,
+      })
+    ).used;
+
+  async function refusal(): Promise<ApiError> {
+    const error = await limiter.admit(principal, 'paid', MODEL).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect(error).toBeInstanceOf(ApiError);
+    return error as ApiError;
+  }
+
+  describe('createRateLimiter().admit', () => {
+    test('behavior: an admitted request gets the request and token headers and is counted per day and minute', async () => {
+      const { headers } = await limiter.admit(principal, 'paid', MODEL);
+      expect(headers).toEqual({
+        'x-ratelimit-limit-requests': 2,
+        'x-ratelimit-remaining-requests': 1,
+        'x-ratelimit-reset-requests': Math.ceil((T0 + 60_000) / 1000),
+        'x-ratelimit-type': 'api_key',
+        'x-ratelimit-limit-tokens': 100,
+        'x-ratelimit-remaining-tokens': 100,
+        'x-ratelimit-reset-tokens': 60,
+      });
+      expect([await used('RPD'), await used('RPM')]).toEqual([1, 1]);
     });
-  });
 
-  test('behavior: a full day refuses with 429 RPD and the minute does not count the refused request', async () => {
-    nowMs = T0 + 60_000;
-    await limiter.admit(principal, 'paid', MODEL);
-    expect(await used('RPD')).toBe(3);
-    nowMs = T0 + 120_000;
-    expect((await refusal()).message).toContain('RPD');
-    expect(await used('RPM')).toBe(0);
-    expect((await rateLimits.listEvents(principal.accountId))[0]?.limitType).toBe('RPD');
-  });
-
-  test('behavior: tokens used up refuse with 429 TPM before anything else, and nothing is counted', async () => {
-    nowMs = T0 + 180_000;
-    await limiter.consumeTokens(principal, 'paid', MODEL, 100);
-    expect((await refusal()).message).toContain('TPM');
-    expect([await used('RPD'), await used('RPM'), await used('TPM')]).toEqual([3, 0, 100]);
-    expect((await rateLimits.listEvents(principal.accountId))[0]?.limitType).toBe('TPM');
-  });
-
-  test("behavior: tokenCount counts the tokens in the caller's transaction, or nothing when there is nothing to count", async () => {
-    nowMs = T0 + 240_000;
-    const count = limiter.tokenCount(principal, 'paid', MODEL, 30);
-    expect(count).toBeTypeOf('function');
-    await expect(
-      database.transaction(async (trx) => {
-        await count?.(trx);
-        throw new Error('rolled back');
-      }),
-    ).rejects.toThrow('rolled back');
-    expect(await used('TPM')).toBe(0);
-    await database.transaction(async (trx) => count?.(trx));
-    expect(await used('TPM')).toBe(30);
-    // Counted in the window the request finished in, even when the statement runs in a later one.
-    const late = limiter.tokenCount(principal, 'paid', MODEL, 5);
-    nowMs = T0 + 300_000;
-    await late?.();
-    expect(await used('TPM')).toBe(0);
-    nowMs = T0 + 240_000;
-    expect(await used('TPM')).toBe(35);
-    // Nothing to count: no tokens, a figure that is not a whole number, a model without a token limit.
-    expect(limiter.tokenCount(principal, 'paid', MODEL, 0)).toBeUndefined();
-    expect(limiter.tokenCount(principal, 'paid', MODEL, 2.5)).toBeUndefined();
-    expect(limiter.tokenCount(principal, 'paid', MODEL, Number.NaN)).toBeUndefined();
-    expect(limiter.tokenCount(principal, 'paid', 'no-such-model', 30)).toBeUndefined();
-  });
-
-  test('behavior: a request without a catalogue model is counted in the management window', async () => {
-    const { headers } = await limiter.admit(principal, 'paid', undefined);
-    expect(headers).toMatchObject({
-      'x-ratelimit-limit-requests': 600,
-      'x-ratelimit-remaining-requests': 599,
+    test('behavior: the minute refuses with 429 RPM, logged, and the day does not count the refused request', async () => {
+      await limiter.admit(principal, 'paid', MODEL);
+      const error = await refusal();
+      expect(error).toMatchObject({ status: 429, code: 'RATE_LIMIT_EXCEEDED' });
+      expect(error.message).toContain('RPM');
+      expect(error.headers).toMatchObject({ 'Retry-After': '60', 'x-ratelimit-type': 'api_key' });
+      expect([await used('RPD'), await used('RPM')]).toEqual([2, 2]);
+      expect((await rateLimits.listEvents(principal.accountId))[0]).toMatchObject({
+        limitType: 'RPM',
+        modelId: MODEL,
+        apiKeyId: principal.keyId,
+        tier: 'paid',
+      });
     });
-  });
 
-  test("behavior: an API key's admission may wait for the next commit group while others write; a wallet's is counted at once", async () => {
-    const asked: (boolean | undefined)[] = [];
-    const spying = createRateLimiter({
-      rateLimits: {
-        ...rateLimits,
-        admit(input) {
-          asked.push(input.joinShared);
-          return rateLimits.admit(input);
+    test('behavior: a full day refuses with 429 RPD and the minute does not count the refused request', async () => {
+      nowMs = T0 + 60_000;
+      await limiter.admit(principal, 'paid', MODEL);
+      expect(await used('RPD')).toBe(3);
+      nowMs = T0 + 120_000;
+      expect((await refusal()).message).toContain('RPD');
+      expect(await used('RPM')).toBe(0);
+      expect((await rateLimits.listEvents(principal.accountId))[0]?.limitType).toBe('RPD');
+    });
+
+    test('behavior: tokens used up refuse with 429 TPM before anything else, and nothing is counted', async () => {
+      nowMs = T0 + 180_000;
+      await limiter.consumeTokens(principal, 'paid', MODEL, 100);
+      expect((await refusal()).message).toContain('TPM');
+      expect([await used('RPD'), await used('RPM'), await used('TPM')]).toEqual([3, 0, 100]);
+      expect((await rateLimits.listEvents(principal.accountId))[0]?.limitType).toBe('TPM');
+    });
+
+    test("behavior: tokenCount counts the tokens in the caller's transaction (held: whatever becomes of it), or nothing when there is nothing to count", async () => {
+      nowMs = T0 + 240_000;
+      const count = limiter.tokenCount(principal, 'paid', MODEL, 30);
+      expect(count).toBeTypeOf('function');
+      await expect(
+        database.transaction(async (trx) => {
+          await count?.(trx);
+          throw new Error('rolled back');
+        }),
+      ).rejects.toThrow('rolled back');
+      // In the rows, the tokens go with the transaction; held, they were used: the work was done.
+      const rolledBack = held ? 30 : 0;
+      expect(await used('TPM')).toBe(rolledBack);
+      await database.transaction(async (trx) => count?.(trx));
+      expect(await used('TPM')).toBe(rolledBack + 30);
+      // Counted in the window the request finished in, even when the statement runs in a later one.
+      const late = limiter.tokenCount(principal, 'paid', MODEL, 5);
+      nowMs = T0 + 300_000;
+      await late?.();
+      expect(await used('TPM')).toBe(0);
+      nowMs = T0 + 240_000;
+      expect(await used('TPM')).toBe(rolledBack + 35);
+      // Nothing to count: no tokens, a figure that is not a whole number, a model without a token limit.
+      expect(limiter.tokenCount(principal, 'paid', MODEL, 0)).toBeUndefined();
+      expect(limiter.tokenCount(principal, 'paid', MODEL, 2.5)).toBeUndefined();
+      expect(limiter.tokenCount(principal, 'paid', MODEL, Number.NaN)).toBeUndefined();
+      expect(limiter.tokenCount(principal, 'paid', 'no-such-model', 30)).toBeUndefined();
+    });
+
+    test('behavior: a request without a catalogue model is counted in the management window', async () => {
+      const { headers } = await limiter.admit(principal, 'paid', undefined);
+      expect(headers).toMatchObject({
+        'x-ratelimit-limit-requests': 600,
+        'x-ratelimit-remaining-requests': 599,
+      });
+    });
+
+    test("behavior: an API key's admission may wait for the next commit group while others write; a wallet's is counted at once", async () => {
+      const asked: (boolean | undefined)[] = [];
+      const spying = createRateLimiter({
+        rateLimits: {
+          ...rateLimits,
+          admit(input) {
+            asked.push(input.joinShared);
+            return rateLimits.admit(input);
+          },
         },
-      },
-      catalog: createCatalogService(buildCatalog([{ path: DEFAULT_CATALOG_PATH, text: shipped }])),
-      now: () => nowMs,
+        catalog: createCatalogService(buildCatalog([{ path: DEFAULT_CATALOG_PATH, text: shipped }])),
+        now: () => nowMs,
+      });
+      nowMs += 86_400_000;
+      await spying.admit(principal, 'paid', MODEL);
+      const wallet = await createAccounts(database).findOrCreateWalletAccount(
+        '0x1111111111111111111111111111111111111111',
+      );
+      await spying.admit(
+        {
+          kind: 'wallet',
+          accountId: wallet.account.id,
+          walletAddress: '0x1111111111111111111111111111111111111111',
+        },
+        'paid',
+        MODEL,
+      );
+      expect(asked).toEqual([true, false]);
     });
-    nowMs += 86_400_000;
-    await spying.admit(principal, 'paid', MODEL);
-    const wallet = await createAccounts(database).findOrCreateWalletAccount(
-      '0x1111111111111111111111111111111111111111',
-    );
-    await spying.admit(
-      {
-        kind: 'wallet',
-        accountId: wallet.account.id,
-        walletAddress: '0x1111111111111111111111111111111111111111',
-      },
-      'paid',
-      MODEL,
-    );
-    expect(asked).toEqual([true, false]);
+  });
+
+  test('behavior: the rows hold every count once written (at once in the rows; held, after a flush)', async () => {
+    await rateLimits.flush();
+    const rows = await database.db
+      .selectFrom('rate_limit_counters')
+      .select(['bucket', 'window_start_ms', 'used'])
+      .where('bucket', 'like', `key:${principal.keyId}:model:%`)
+      .where('used', '>', 0)
+      .orderBy('window_start_ms')
+      .orderBy('bucket')
+      .execute();
+    const window = (type: string, startMs: number, used: number) => ({
+      bucket: `key:${principal.keyId}:model:${MODEL}:${type}`,
+      start: startMs,
+      used,
+    });
+    const minute = (n: number) => T0 + n * 60_000;
+    expect(
+      rows.map((row) => ({ bucket: row.bucket, start: Number(row.window_start_ms), used: Number(row.used) })),
+    ).toEqual([
+      window('RPD', Math.floor(T0 / 86_400_000) * 86_400_000, 3),
+      window('RPM', minute(0), 2),
+      window('RPM', minute(1), 1),
+      window('TPM', minute(3), 100),
+      window('TPM', minute(4), held ? 65 : 35),
+      // The next day's (the admission test's spy).
+      window('RPD', Math.floor(T0 / 86_400_000) * 86_400_000 + 86_400_000, 1),
+      window('RPM', minute(4) + 86_400_000, 1),
+    ]);
   });
 });

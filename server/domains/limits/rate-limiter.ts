@@ -1,7 +1,7 @@
 /**
  * Rate limits per caller (API key, or wallet account) and model, from the catalogue's tier limits: requests
  * per minute and per day, and tokens per minute. Counters live in the shared database, so the limits hold in
- * total across server instances. Every refusal is a 429 `{error}` and an entry of the rate-limit log.
+ * total across server instances (one SQLite process holds its own and writes them behind: held-counts.ts). Every refusal is a 429 `{error}` and an entry of the rate-limit log.
  * Admitting a request is one database statement (`RateLimitsRepository.admit`); a refused request is counted
  * in none of its windows.
  */
@@ -94,7 +94,7 @@ export function createRateLimiter(deps: RateLimiterDeps) {
       now: now(),
     };
     const count: TokenCount = async (runner) => {
-      await deps.rateLimits.count(input, runner);
+      await deps.rateLimits.add(input, runner);
     };
     const embedded = deps.rateLimits.hitAlong(input);
     if (embedded) count.embedded = embedded;
