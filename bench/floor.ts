@@ -10,17 +10,18 @@
  * is from the bare `node:http` ceiling.
  *
  * - `POST /chat`: a non-streamed chat's writes: in one transaction the caller's account and key read under
- *   the write lock, its three rate-limit windows counted, the reservation inserted and held on the account;
- *   in the next event-loop turn (the work), in another transaction the account charged, the reservation
- *   settled, two ledger entries (input and output tokens) and the tokens-per-minute count; then a JSON answer.
+ *   the write lock, the reservation inserted and held on the account; in the next event-loop turn (the work),
+ *   in another transaction the account charged, the reservation settled, two ledger entries (input and output
+ *   tokens); then a JSON answer. Its three rate-limit windows and its tokens are counted in memory and written
+ *   behind every 50 ms, as one server process on SQLite does (`countHeld`).
  * - `POST /rpc`: a JSON-RPC call's writes around a forward to `FLOOR_UPSTREAM`: the reservation (with the
  *   per-minute count) before, the capture (one ledger entry) after; the upstream's bytes.
  * - `POST /proxy`: the forward alone, no writes: what a bare proxy adds on this machine.
  * - `POST /upstream`: a streamed chat through an OpenAI-compatible upstream (`FLOOR_CHAT_UPSTREAM`'s
  *   `/v1/chat/completions`), as the server's upstream adapter does it: the chat's
- *   reservation (its three rate-limit windows counted) before; the upstream's events parsed as they come,
+ *   reservation (its three rate-limit windows counted in memory) before; the upstream's events parsed as they come,
  *   each re-emitted to the client with the request's id and model, its usage taken; then the final frames and,
- *   in the same event-loop turn, the capture (two ledger entries and the tokens-per-minute count), which the
+ *   in the same event-loop turn, the capture (two ledger entries; the tokens counted in memory), which the
  *   answer does not wait for when it is alone (the server's `Charges.captureDetached`).
  *
  * The forwards go out as the server's do: undici's dispatcher with kept-alive connections per upstream and a
@@ -45,6 +46,7 @@ import {
   startCheckpointer,
 } from '../server/storage/database.ts';
 import { QUIET_MS } from '../server/storage/group-commit.ts';
+import { FLUSH_MS } from '../server/storage/held-counts.ts';
 
 const env = (name: string) => {
   const value = process.env[name];
@@ -76,10 +78,12 @@ const statements = {
     `select accounts.*, api_keys.id as key_id, api_keys.limit_usd_nano as key_limit_usd_nano
        from api_keys join accounts on accounts.id = api_keys.account_id where api_keys.id = ?`,
   ),
-  count3: db.prepare(
-    `insert into rate_limit_counters (bucket, window_start_ms, used) values (?, ?, ?), (?, ?, ?), (?, ?, ?)
-       on conflict (bucket, window_start_ms) do update set used = used + excluded.used
-       where rate_limit_counters.used + excluded.used <= 1000000000000 returning used`,
+  heldRead: db
+    .prepare('select used from rate_limit_counters where bucket = ? and window_start_ms = ?')
+    .pluck(),
+  heldWrite: db.prepare(
+    `insert into rate_limit_counters (bucket, window_start_ms, used) values (?, ?, ?)
+       on conflict (bucket, window_start_ms) do update set used = used + excluded.used`,
   ),
   count1: db.prepare(
     `insert into rate_limit_counters (bucket, window_start_ms, used) values (?, ?, ?)
@@ -107,13 +111,53 @@ const statements = {
 
 type Billed = { reservationId: string; requestId: string; model: string };
 
+/**
+ * A chat's rate-limit windows, held in memory and written behind every FLUSH_MS as the windows' sums, as one
+ * server process on SQLite holds them (server/storage/held-counts.ts; forty-first round: before it, the
+ * reservation's transaction counted them with one upsert of three rows, and the capture's the tokens).
+ */
+type Held = { bucket: string; start: bigint; used: bigint; unwritten: bigint };
+const held = new Map<string, Held>();
+let writeBehind: NodeJS.Timeout | undefined;
+function countHeld(bucket: string, start: bigint, cost: bigint): bigint {
+  const name = `${start}:${bucket}`;
+  let count = held.get(name);
+  if (!count) {
+    count = {
+      bucket,
+      start,
+      used: (statements.heldRead.get(bucket, start) as bigint | undefined) ?? 0n,
+      unwritten: 0n,
+    };
+    held.set(name, count);
+  }
+  count.used += cost;
+  count.unwritten += cost;
+  if (cost > 0n && !writeBehind)
+    writeBehind = setTimeout(() => {
+      writeBehind = undefined;
+      const due = [...held.values()].filter((c) => c.unwritten > 0n);
+      const amounts = due.map((c) => c.unwritten);
+      for (const c of due) c.unwritten = 0n;
+      inGroup(
+        () => due.forEach((c, i) => statements.heldWrite.run(c.bucket, c.start, amounts[i])),
+        () => undefined,
+        true,
+      );
+    }, FLUSH_MS);
+  return count.used;
+}
+
 function reserve(billed: Billed, buckets: string[]): void {
   const at = BigInt(Date.now());
   statements.principal.get(key.id);
   const minute = at - (at % MINUTE);
   if (buckets.length === 3) {
-    // The tokens-per-minute window is only looked at (counted at the capture); the day and the minute count one.
-    statements.count3.all(buckets[0], minute, 0n, buckets[1], at - (at % DAY), 1n, buckets[2], minute, 1n);
+    // The tokens-per-minute window is only looked at (counted at the capture); the day and the minute count
+    // one, held (a chat's: countHeld).
+    countHeld(buckets[0] as string, minute, 0n);
+    countHeld(buckets[1] as string, at - (at % DAY), 1n);
+    countHeld(buckets[2] as string, minute, 1n);
   } else {
     statements.count1.all(buckets[0], minute, 1n);
   }
@@ -156,8 +200,7 @@ function capture(
       at,
     );
   }
-  if (tokens > 0n)
-    statements.count1.all(`key:${key.id}:model:${billed.model}:TPM`, at - (at % MINUTE), tokens);
+  if (tokens > 0n) countHeld(`key:${key.id}:model:${billed.model}:TPM`, at - (at % MINUTE), tokens);
 }
 
 /**
