@@ -6,8 +6,10 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import Sqlite from 'better-sqlite3';
 import { afterAll, afterEach, describe, expect, onTestFinished, test } from 'vitest';
 import { readSseEvents } from '../../client/sse.ts';
+import { awayFromMinuteEdge } from '../support/clock.ts';
 import { startServerProcess, stopServerProcesses } from '../support/server-process.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'main-test-'));
@@ -147,5 +149,52 @@ describe('server/main.ts', () => {
     expect(code).toBe(2);
     expect(err).toContain('PORT');
     expect(err).toContain('DATABASE_URL');
+  });
+
+  test('behavior: the rate-limit counts one process holds reach their rows at SIGTERM, and a restart goes on from them', {
+    timeout: 90_000,
+  }, async () => {
+    await awayFromMinuteEdge();
+    const secret = 'svc_admin_held_counts_secret_0123456789ab';
+    const file = join(dir, 'held.db');
+    // Written only at shutdown within this test: the interval is longer than it runs.
+    const env = {
+      DATABASE_URL: `sqlite:${file}`,
+      ADMIN_API_KEY: secret,
+      SQLITE_RATE_LIMIT_FLUSH_MS: '60000',
+    };
+    const remaining = async (base: string) => {
+      const answer = await fetch(`${base}/billing/balance`, {
+        headers: { authorization: `Bearer ${secret}` },
+      });
+      expect(answer.status).toBe(200);
+      return Number(answer.headers.get('x-ratelimit-remaining-requests'));
+    };
+    const counted = () => {
+      const sqlite = new Sqlite(file, { readonly: true });
+      try {
+        const row = sqlite
+          .prepare("select sum(used) as used from rate_limit_counters where bucket like '%:manage:RPM'")
+          .get() as { used: number | null };
+        return row.used ?? 0;
+      } finally {
+        sqlite.close();
+      }
+    };
+    const minute = Math.floor(Date.now() / 60_000);
+    const first = await start(env);
+    const before = [await remaining(first.base), await remaining(first.base), await remaining(first.base)];
+    expect(before[1]).toBe((before[0] as number) - 1);
+    expect(counted()).toBe(0);
+    first.signal('SIGTERM');
+    expect(await first.exited).toBe(0);
+    expect(counted()).toBe(3);
+    const second = await start(env);
+    const after = await remaining(second.base);
+    // The restart read the minute's count from its row (unless a new minute began meanwhile).
+    if (Math.floor(Date.now() / 60_000) === minute) expect(after).toBe((before[2] as number) - 1);
+    second.signal('SIGTERM');
+    expect(await second.exited).toBe(0);
+    expect(counted()).toBe(4);
   });
 });
