@@ -140,7 +140,12 @@ function countHeld(bucket: string, start: bigint, cost: bigint): bigint {
       const amounts = due.map((c) => c.unwritten);
       for (const c of due) c.unwritten = 0n;
       inGroup(
-        () => due.forEach((c, i) => statements.heldWrite.run(c.bucket, c.start, amounts[i])),
+        () => {
+          for (let i = 0; i < due.length; i++) {
+            const count = due[i] as Held;
+            statements.heldWrite.run(count.bucket, count.start, amounts[i]);
+          }
+        },
         () => undefined,
         true,
       );

@@ -210,22 +210,13 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
     return row ? toNumber(row.used) : 0;
   }
 
-  /** A count added to a window's row, whatever its limit (a held count's write). */
-  const addToRow = compiledOnceResult((bucket: string, windowStart: number, cost: number) =>
-    db
-      .insertInto('rate_limit_counters')
-      .values({ bucket, window_start_ms: windowStart, used: cost })
-      .onConflict((oc) =>
-        oc
-          .columns(['bucket', 'window_start_ms'])
-          .doUpdateSet((eb) => ({ used: eb('rate_limit_counters.used', '+', cost) })),
-      ),
-  );
   const held =
     options.held === true && database.dialect === 'sqlite'
       ? createHeldCounts({
           read: (bucket, start, runner) => current(bucket, start, runner),
-          write: (runner, bucket, start, cost) => addToRow(runner, bucket, start, cost),
+          // Whatever the limit: the counts were checked when they were made.
+          write: (runner, bucket, start, cost) =>
+            countHitQuietly(runner, bucket, start, cost, Number.MAX_SAFE_INTEGER),
           commit: (fn) => database.write(fn, JOIN_SHARED),
           now,
           ...options.heldCounts,
