@@ -12,7 +12,7 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import SqliteDatabase from 'better-sqlite3';
-import { afterAll, beforeAll, expect, test } from 'vitest';
+import { afterAll, beforeAll, expect, test, vi } from 'vitest';
 import { fundedKey } from '../../bench/setup.ts';
 import { repoRoot } from '../support/contract.ts';
 import { freePort, stopPid } from '../support/process.ts';
@@ -121,17 +121,24 @@ test("the floor writes a chat's and an RPC call's rows, and forwards without wri
       usd_balance_nano: before.usd_balance_nano - 3n * (20n * 700n + 16n * 2_800n) - 20n * 700n,
       usd_reserved_nano: 0n,
     });
-    const counters = db
-      .prepare('select bucket, used from rate_limit_counters order by bucket')
-      .all() as Array<{ bucket: string; used: bigint }>;
-    expect(
-      counters.map((c) => [c.bucket.replace(/^key:[^:]+/, 'key').replace(/^rpc:[^:]+/, 'rpc'), c.used]),
-    ).toEqual([
-      ['key:model:llama-3.3-70b:RPD', 3n],
-      ['key:model:llama-3.3-70b:RPM', 3n],
-      ['key:model:llama-3.3-70b:TPM', 3n * 36n],
-      ['rpc:RPM', 1n],
-    ]);
+    // The counts are held in memory and written behind (every 50 ms), as one server process does.
+    const counters = () =>
+      (
+        db.prepare('select bucket, used from rate_limit_counters order by bucket').all() as Array<{
+          bucket: string;
+          used: bigint;
+        }>
+      ).map((c) => [c.bucket.replace(/^key:[^:]+/, 'key').replace(/^rpc:[^:]+/, 'rpc'), c.used]);
+    await vi.waitFor(
+      () =>
+        expect(counters()).toEqual([
+          ['key:model:llama-3.3-70b:RPD', 3n],
+          ['key:model:llama-3.3-70b:RPM', 3n],
+          ['key:model:llama-3.3-70b:TPM', 3n * 36n],
+          ['rpc:RPM', 1n],
+        ]),
+      { timeout: 5_000, interval: 20 },
+    );
   } finally {
     db.close();
   }
