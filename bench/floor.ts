@@ -18,9 +18,9 @@
  *   per-minute count) before, the capture (one ledger entry) after; the upstream's bytes.
  * - `POST /proxy`: the forward alone, no writes: what a bare proxy adds on this machine.
  * - `POST /upstream`: a streamed chat through an OpenAI-compatible upstream (`FLOOR_CHAT_UPSTREAM`'s
- *   `/v1/chat/completions`), as the server's upstream adapter does it: the chat's
- *   reservation (its three rate-limit windows counted in memory) before; the upstream's events parsed as they come,
- *   each re-emitted to the client with the request's id and model, its usage taken; then the final frames and,
+ *   `/v1/chat/completions`), as the server's upstream adapter does it: the chat's reservation (its three
+ *   rate-limit windows counted in memory) before; the upstream's events parsed as they come, each re-emitted
+ *   to the client with the request's id and model, its usage taken; then the final frames and,
  *   in the same event-loop turn, the capture (two ledger entries; the tokens counted in memory), which the
  *   answer does not wait for when it is alone (the server's `Charges.captureDetached`).
  *
@@ -119,7 +119,7 @@ type Billed = { reservationId: string; requestId: string; model: string };
 type Held = { bucket: string; start: bigint; used: bigint; unwritten: bigint };
 const held = new Map<string, Held>();
 let writeBehind: NodeJS.Timeout | undefined;
-function countHeld(bucket: string, start: bigint, cost: bigint): bigint {
+function countHeld(bucket: string, start: bigint, cost: bigint): void {
   const name = `${start}:${bucket}`;
   let count = held.get(name);
   if (!count) {
@@ -150,7 +150,6 @@ function countHeld(bucket: string, start: bigint, cost: bigint): bigint {
         true,
       );
     }, FLUSH_MS);
-  return count.used;
 }
 
 function reserve(billed: Billed, buckets: string[]): void {

@@ -17,6 +17,9 @@
  * counted for a refused request. Until the decrement lands, a concurrent request of the same caller may see
  * those windows one unit fuller than they will be: it can only be refused early, never admitted over a limit.
  *
+ * With `held` (SQLite served by one process), `admit` and `add` count in memory instead, exactly, and write the
+ * counts behind (held-counts.ts); `hit` and `count` still count in the rows as above.
+ *
  * On PostgreSQL the admission's own commit does not wait for its WAL to be flushed (`synchronous_commit` off for
  * that transaction alone, set by the statement itself: ADMISSION_UNFLUSHED). It moves no money, and everything
  * else sees the counts at once as ever (the setting changes durability, not visibility or locking). What a
@@ -178,12 +181,16 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
       .where('bucket', '=', bucket)
       .where('window_start_ms', '=', windowStart),
   );
+  /** A count's checked cost and its window (`add`'s, which has no limit). */
+  function planCount(input: Omit<HitInput, 'limit'>) {
+    const windowMs = positiveInteger('windowMs', input.windowMs);
+    const cost = positiveInteger('cost', input.cost ?? 1, true);
+    return { cost, ...windowOf(windowMs, input.now ?? now()) };
+  }
   /** A hit's checked figures and its window. */
   function planHit(input: HitInput) {
-    const windowMs = positiveInteger('windowMs', input.windowMs);
-    const limit = positiveInteger('limit', input.limit, true);
-    const cost = positiveInteger('cost', input.cost ?? 1, true);
-    return { limit, cost, ...windowOf(windowMs, input.now ?? now()) };
+    const { cost, start, resetAtMs } = planCount(input);
+    return { limit: positiveInteger('limit', input.limit, true), cost, start, resetAtMs };
   }
 
   /** The hit's upsert: counted when the window has room (see the module comment). */
@@ -435,9 +442,7 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
      * does, in `runner`'s transaction.
      */
     async add(input: Omit<HitInput, 'limit'>, runner: StatementRunner = db): Promise<void> {
-      const windowMs = positiveInteger('windowMs', input.windowMs);
-      const cost = positiveInteger('cost', input.cost ?? 1, true);
-      const { start, resetAtMs } = windowOf(windowMs, input.now ?? now());
+      const { cost, start, resetAtMs } = planCount(input);
       if (!held) {
         await countHitQuietly(runner, input.bucket, start, cost, Number.MAX_SAFE_INTEGER);
         return;

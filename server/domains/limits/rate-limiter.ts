@@ -1,9 +1,10 @@
 /**
  * Rate limits per caller (API key, or wallet account) and model, from the catalogue's tier limits: requests
  * per minute and per day, and tokens per minute. Counters live in the shared database, so the limits hold in
- * total across server instances (one SQLite process holds its own and writes them behind: held-counts.ts). Every refusal is a 429 `{error}` and an entry of the rate-limit log.
- * Admitting a request is one database statement (`RateLimitsRepository.admit`); a refused request is counted
- * in none of its windows.
+ * total across server instances (one SQLite process holds its own in memory and writes them behind:
+ * held-counts.ts). Every refusal is a 429 `{error}` and an entry of the rate-limit log. Admitting a request is
+ * one database statement, or none when the counts are held (`RateLimitsRepository.admit`); a refused request
+ * is counted in none of its windows.
  */
 import type { CatalogService } from '../../catalog/service.ts';
 import type { Principal } from '../../http/auth.ts';
