@@ -14,8 +14,9 @@
  *   in another transaction the account charged, the reservation settled, two ledger entries (input and output
  *   tokens); then a JSON answer. Its three rate-limit windows and its tokens are counted in memory and written
  *   behind every 50 ms, as one server process on SQLite does (`countHeld`).
- * - `POST /rpc`: a JSON-RPC call's writes around a forward to `FLOOR_UPSTREAM`: the reservation (with the
- *   per-minute count) before, the capture (one ledger entry) after; the upstream's bytes.
+ * - `POST /rpc`: a JSON-RPC call's writes around a forward to `FLOOR_UPSTREAM`: the reservation before (its
+ *   per-minute count held in memory as a chat's windows are), the capture (one ledger entry) after; the
+ *   upstream's bytes.
  * - `POST /proxy`: the forward alone, no writes: what a bare proxy adds on this machine.
  * - `POST /upstream`: a streamed chat through an OpenAI-compatible upstream (`FLOOR_CHAT_UPSTREAM`'s
  *   `/v1/chat/completions`), as the server's upstream adapter does it: the chat's reservation (its three
@@ -84,11 +85,6 @@ const statements = {
   heldWrite: db.prepare(
     `insert into rate_limit_counters (bucket, window_start_ms, used) values (?, ?, ?)
        on conflict (bucket, window_start_ms) do update set used = used + excluded.used`,
-  ),
-  count1: db.prepare(
-    `insert into rate_limit_counters (bucket, window_start_ms, used) values (?, ?, ?)
-       on conflict (bucket, window_start_ms) do update set used = used + excluded.used
-       where rate_limit_counters.used + excluded.used <= 1000000000000 returning used`,
   ),
   reservation: db.prepare(
     `insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano, epoch_day,
@@ -163,7 +159,9 @@ function reserve(billed: Billed, buckets: string[]): void {
     countHeld(buckets[1] as string, at - (at % DAY), 1n);
     countHeld(buckets[2] as string, minute, 1n);
   } else {
-    statements.count1.all(buckets[0], minute, 1n);
+    // A JSON-RPC call's minute, held as well (since the forty-second round; before, an upsert in the reservation's
+    // transaction).
+    countHeld(buckets[0] as string, minute, 1n);
   }
   statements.reservation.run(
     billed.reservationId,

@@ -23,7 +23,7 @@ export type HeldCount = {
   /** When the window ends (epoch ms): an ended window is let go once its row has its count. */
   readonly endMs: number;
   used: number;
-  /** Counted here, not yet in a write. */
+  /** Counted here, not yet in a write (negative when more was taken back than counted since the last). */
   unwritten: number;
   /** In a write not yet committed. */
   writing: number;
@@ -38,7 +38,7 @@ export type HeldCountsOptions = {
    * reads on it (the connection is that transaction's until it ends).
    */
   read(bucket: string, start: number, runner?: StatementRunner): Promise<number>;
-  /** Adds `cost` to the window's row (creating it) with `runner`. */
+  /** Adds `cost` (negative: takes some back) to the window's row (creating it) with `runner`. */
   write(runner: StatementRunner, bucket: string, start: number, cost: number): Promise<unknown>;
   /** Runs a flush's writes as one short write (Database.write). */
   commit(fn: (runner: StatementRunner) => Promise<void>): Promise<void>;
@@ -70,7 +70,8 @@ export function createHeldCounts(options: HeldCountsOptions) {
 
   const keyOf = (bucket: string, start: number) => `${start}:${bucket}`;
 
-  const pending = (count: HeldCount) => count.unwritten > 0 || count.writing > 0;
+  // Not zero either way: a count taken back (`add` of a negative cost) is written too.
+  const pending = (count: HeldCount) => count.unwritten !== 0 || count.writing !== 0;
 
   /**
    * Lets go of the windows that ended, and past the capacity of the oldest held, whose rows have their
@@ -101,9 +102,11 @@ export function createHeldCounts(options: HeldCountsOptions) {
     if (timer) clearTimeout(timer);
     timer = undefined;
     sweep(options.now());
-    if (dirty.size === 0) return writing ?? Promise.resolve();
-    const batch = [...dirty];
+    // A window whose counts were all taken back before a write has nothing to write.
+    const batch: HeldCount[] = [];
+    for (const count of dirty) if (count.unwritten !== 0) batch.push(count);
     dirty.clear();
+    if (batch.length === 0) return writing ?? Promise.resolve();
     const amounts = batch.map((count) => {
       const amount = count.unwritten;
       count.unwritten = 0;
@@ -178,7 +181,10 @@ export function createHeldCounts(options: HeldCountsOptions) {
       }
     },
 
-    /** Counts `cost` in the window (from `counts`), to be written with the next flush. */
+    /**
+     * Counts `cost` in the window (from `counts`), to be written with the next flush; a negative cost takes
+     * back a count (rate-limits.ts `takeBack`), written the same way.
+     */
     add(count: HeldCount, cost: number) {
       if (cost === 0) return;
       count.used += cost;

@@ -17,8 +17,9 @@
  * counted for a refused request. Until the decrement lands, a concurrent request of the same caller may see
  * those windows one unit fuller than they will be: it can only be refused early, never admitted over a limit.
  *
- * With `held` (SQLite served by one process), `admit` and `add` count in memory instead, exactly, and write the
- * counts behind (held-counts.ts); `hit` and `count` still count in the rows as above.
+ * With `held` (SQLite served by one process), `admit`, `add` and `count` count in memory instead, exactly, and
+ * write the counts behind (held-counts.ts); a `count` made in a transaction that then does not commit is taken
+ * back by its caller (`takeBack`). `hit` (key creation) still counts in the rows as above.
  *
  * On PostgreSQL the admission's own commit does not wait for its WAL to be flushed (`synchronous_commit` off for
  * that transaction alone, set by the statement itself: ADMISSION_UNFLUSHED). It moves no money, and everything
@@ -31,7 +32,7 @@
 import { type Selectable, sql } from 'kysely';
 import { type Database, JOIN_SHARED } from './database.ts';
 import { InvalidInputError } from './errors.ts';
-import { createHeldCounts, type HeldCount, type HeldCountsOptions } from './held-counts.ts';
+import { createHeldCounts, type HeldCount, type HeldCounts, type HeldCountsOptions } from './held-counts.ts';
 import {
   changedAny,
   compiledOnce,
@@ -123,9 +124,9 @@ export type LogEventInput = {
 export type RateLimitsOptions = RepositoryOptions & {
   /**
    * On SQLite, when no other process counts in the file (one server process, `WORKERS=1`): the counts of
-   * `admit` and `add` are held in this process and written to their rows every 50 ms (held-counts.ts).
-   * `hit` and `count`, whose counts commit or roll back with a caller's transaction, still count in the rows:
-   * a bucket is counted through the one or the other, never both.
+   * `admit`, `add` and `count` are held in this process and written to their rows every 50 ms
+   * (held-counts.ts); a `count` whose transaction does not commit is taken back (`takeBack`). `hit` still
+   * counts in the rows: a bucket is counted through the one or the others, never both.
    */
   held?: boolean;
   /** Held counts' settings (tests). */
@@ -230,6 +231,18 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
         })
       : undefined;
 
+  /** A held window's count (`held` only): looked up, or read from its row on `runner`. */
+  async function heldCount(
+    bucket: string,
+    { start, resetAtMs }: { start: number; resetAtMs: number },
+    runner?: StatementRunner,
+  ): Promise<HeldCount> {
+    const counts = held as HeldCounts;
+    const window = { bucket, start, resetAtMs };
+    const [count] = counts.lookup([window]) ?? (await counts.counts([window], runner));
+    return count as HeldCount;
+  }
+
   type HitPlan = ReturnType<typeof planHit>;
   /** A window's figures as every answer gives them (`hit`, `admit`, `peek`). */
   const hitResult = (
@@ -318,17 +331,37 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
 
     /**
      * `hit` answering only whether it counted, for callers that need no figures when it does (it reads
-     * nothing back). A refusal's figures, for its answer: `refused`.
+     * nothing back). A refusal's figures, for its answer: `refused`. In the rows, the count goes with
+     * `runner`'s transaction; held (`holds`), it is made in this process at once, checked and counted with
+     * nothing awaited in between, whatever becomes of that transaction: a caller whose transaction does not
+     * commit takes it back (`takeBack`).
      */
     async count(input: HitInput, runner: StatementRunner = db): Promise<boolean> {
-      const { limit, cost, start } = planHit(input);
+      const plan = planHit(input);
+      const { limit, cost, start } = plan;
       if (cost > limit) return false;
-      return changedAny(await countHitQuietly(runner, input.bucket, start, cost, limit));
+      if (!held) return changedAny(await countHitQuietly(runner, input.bucket, start, cost, limit));
+      const count = await heldCount(input.bucket, plan, runner);
+      if (count.used + cost > limit) return false;
+      held.add(count, cost);
+      return true;
+    },
+
+    /**
+     * Takes back what `count` counted for a request whose transaction did not commit (with the same
+     * `input`, its `now` included). Held counts only: in the rows the count went with that transaction.
+     */
+    async takeBack(input: HitInput): Promise<void> {
+      if (!held) return;
+      const plan = planHit(input);
+      held.add(await heldCount(input.bucket, plan), -plan.cost);
     },
 
     /** What `hit` answers for a refusal of `input` (after `count` refused it, with the same `now`). */
-    refused(input: HitInput, runner: StatementRunner = db): Promise<HitResult> {
-      return refusal(input.bucket, planHit(input), runner);
+    async refused(input: HitInput, runner: StatementRunner = db): Promise<HitResult> {
+      const plan = planHit(input);
+      if (!held) return refusal(input.bucket, plan, runner);
+      return hitResult(plan, (await heldCount(input.bucket, plan, runner)).used, false);
     },
 
     /**
@@ -431,7 +464,7 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
       const limit = positiveInteger('limit', input.limit, true);
       const { start, resetAtMs } = windowOf(windowMs, input.now ?? now());
       const used = held
-        ? ((await held.counts([{ bucket: input.bucket, start, resetAtMs }]))[0] as HeldCount).used
+        ? (await heldCount(input.bucket, { start, resetAtMs })).used
         : await current(input.bucket, start);
       return hitResult({ limit, resetAtMs }, used, used < limit);
     },
@@ -447,9 +480,7 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
         await countHitQuietly(runner, input.bucket, start, cost, Number.MAX_SAFE_INTEGER);
         return;
       }
-      const window = { bucket: input.bucket, start, resetAtMs };
-      const [count] = held.lookup([window]) ?? (await held.counts([window], runner));
-      held.add(count as HeldCount, cost);
+      held.add(await heldCount(input.bucket, { start, resetAtMs }, runner), cost);
     },
 
     /** Whether this repository holds the counts of `admit` and `add` (RateLimitsOptions.held). */

@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, test, vi } from 'vitest';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
-import { createHeldCounts } from '../../server/storage/held-counts.ts';
+import { createHeldCounts, type HeldCount } from '../../server/storage/held-counts.ts';
 import type { StatementRunner } from '../../server/storage/internal.ts';
 import { migrate } from '../../server/storage/migrations.ts';
 import { createRateLimits } from '../../server/storage/rate-limits.ts';
@@ -111,6 +111,40 @@ describe('rate limits held by the process', () => {
     expect(await row('c:d:TPM')).toBe(7);
   });
 
+  test("behavior: `count` decides in memory, on the caller's transaction; `takeBack` gives its room back, before or after its write", async () => {
+    const limits = held();
+    const input = minute('c:g:RPM', 2);
+    // Counted in a transaction that then rolls back: held whatever becomes of it, until taken back.
+    await expect(
+      database.transaction(async (trx) => {
+        expect(await limits.count(input, trx)).toBe(true);
+        throw new Error('refused later in the transaction');
+      }),
+    ).rejects.toThrow('refused later');
+    expect((await limits.peek(input)).used).toBe(1);
+    await limits.takeBack(input);
+    expect((await limits.peek(input)).used).toBe(0);
+    // Two fit; the third is refused, with the held figures.
+    expect(await limits.count(input)).toBe(true);
+    expect(await limits.count(input)).toBe(true);
+    expect(await limits.count(input)).toBe(false);
+    expect(await limits.refused(input)).toMatchObject({ allowed: false, used: 2, remaining: 0 });
+    // Written, then one taken back: the row follows at the next write.
+    await limits.flush();
+    expect(await row('c:g:RPM')).toBe(2);
+    await limits.takeBack(input);
+    expect(await limits.count(input)).toBe(true);
+    await limits.takeBack(input);
+    await limits.close();
+    expect(await row('c:g:RPM')).toBe(1);
+    // In the rows the count went with its transaction: nothing to take back.
+    const rows = createRateLimits(database, { now: () => T0 });
+    expect(await rows.count(input)).toBe(true);
+    await rows.takeBack(input);
+    expect(await row('c:g:RPM')).toBe(2);
+    expect(await rows.count(input)).toBe(false);
+  });
+
   test('behavior: a limit of 0 or a cost past the limit refuses without counting; the rows count at once without `held`', async () => {
     const limits = held();
     const none = await limits.admit({ windows: [minute('c:e:RPM', 0)] });
@@ -167,6 +201,33 @@ describe('createHeldCounts', () => {
     expect(rows.get(`${START}:a`)).toBe(5);
     await counts.flush();
     expect(rows.get(`${START}:a`)).toBe(5);
+    await counts.close();
+  });
+
+  test('behavior: a count taken back is written as counts are, its window held until then; one taken back before its write is not written', async () => {
+    const { rows, state, counts } = overRows();
+    const [a] = (await counts.counts([window('a')])) as [HeldCount];
+    counts.add(a, 2);
+    await counts.flush();
+    expect(rows.get(`${START}:a`)).toBe(2);
+    counts.add(a, -1);
+    // The window ended, but what was taken back is not in its row yet: kept through a failed write.
+    state.now = T0 + 10 * MINUTE;
+    state.failing = true;
+    await counts.flush();
+    expect(counts.size()).toBe(1);
+    state.failing = false;
+    await counts.flush();
+    expect(rows.get(`${START}:a`)).toBe(1);
+    state.now += 1_000;
+    await counts.flush();
+    expect(counts.size()).toBe(0);
+    // Counted and taken back between two writes: nothing to write.
+    const [b] = (await counts.counts([window('b')])) as [HeldCount];
+    counts.add(b, 1);
+    counts.add(b, -1);
+    await counts.flush();
+    expect(rows.has(`${START}:b`)).toBe(false);
     await counts.close();
   });
 

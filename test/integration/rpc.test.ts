@@ -436,7 +436,18 @@ describe('POST /crypto/rpc/{network}: idempotency', () => {
   });
 });
 
-describe('POST /crypto/rpc/{network}: caps', () => {
+/** Keeps the per-minute window from turning over in the middle of a test. */
+async function earlyInMinute() {
+  const intoMinute = Date.now() % 60_000;
+  if (intoMinute > 50_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 100));
+}
+
+// The minute's counts held by the server process (one process on SQLite, the default) or in the rows (as
+// several workers count): either way a call refused after its count is not counted.
+describe.each([
+  { counts: 'held by the process', name: 'caps', env: {} as Record<string, string> },
+  { counts: 'in the rows', name: 'caps-rows', env: { SQLITE_RATE_LIMIT_FLUSH_MS: '0' } },
+])('POST /crypto/rpc/{network}: caps, counts $counts', ({ name, env }) => {
   let capped: Server;
   const key = async (accountId: string) => {
     await capped.services.ledger.topUp({ accountId, amountNano: 1_000_000_000n });
@@ -455,21 +466,20 @@ describe('POST /crypto/rpc/{network}: caps', () => {
 
   test('behavior: per-minute cap per caller (standard and staff tiers) and rolling 24-hour credit cap -> 429', async () => {
     // Created first so its id can be put on the staff list.
-    const probe = await startRpcServer('caps', { RPC_UPSTREAM_BASE_MAINNET: anvil.url });
+    const probe = await startRpcServer(name, { RPC_UPSTREAM_BASE_MAINNET: anvil.url, ...env });
     const standard = (await probe.services.accounts.createApiAccount()).id;
     const staffAccount = (await probe.services.accounts.createApiAccount()).id;
     const heavy = (await probe.services.accounts.createApiAccount()).id;
     await probe.close();
-    capped = await startRpcServer('caps', {
+    capped = await startRpcServer(name, {
+      ...env,
       RPC_UPSTREAM_BASE_MAINNET: anvil.url,
       RPC_REQUESTS_PER_MINUTE: '3',
       RPC_STAFF_REQUESTS_PER_MINUTE: '5',
       RPC_STAFF_ACCOUNTS: staffAccount,
       RPC_CREDITS_PER_DAY: '100',
     });
-    // Keep the per-minute window from turning over in the middle of the test.
-    const intoMinute = Date.now() % 60_000;
-    if (intoMinute > 50_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 100));
+    await earlyInMinute();
 
     const standardKey = await key(standard);
     for (let i = 0; i < 3; i++) expect((await postAs(standardKey, call('eth_blockNumber'))).status).toBe(200);
@@ -506,5 +516,28 @@ describe('POST /crypto/rpc/{network}: caps', () => {
     const fourth = await postAs(heavyKey, call('eth_blockNumber'));
     expect(fourth.status).toBe(429);
     expect(await fourth.json()).toMatchObject({ code: 'RPC_RATE_LIMIT_EXCEEDED' });
+  });
+
+  test('behavior: calls refused for the balance (402) are not counted in the minute', async () => {
+    const poor = (await capped.services.accounts.createApiAccount()).id;
+    const poorKey = (await capped.services.keys.create({ accountId: poor, keyType: 'INFERENCE' })).secret;
+    await earlyInMinute();
+    for (let i = 0; i < 4; i++) {
+      const refused = await postAs(poorKey, call('eth_blockNumber'));
+      expect(refused.status).toBe(402);
+    }
+    await capped.services.ledger.topUp({ accountId: poor, amountNano: 1_000_000_000n });
+    // The minute's three calls are all still there.
+    for (let i = 0; i < 3; i++) expect((await postAs(poorKey, call('eth_blockNumber'))).status).toBe(200);
+    const over = await postAs(poorKey, call('eth_blockNumber'));
+    expect(over.status).toBe(429);
+    expect(over.headers.get('x-ratelimit-remaining')).toBe('0');
+    await capped.services.rateLimits.flush();
+    const [row] = await capped.services.database.db
+      .selectFrom('rate_limit_counters')
+      .select('used')
+      .where('bucket', '=', `rpc:${poor}:RPM`)
+      .execute();
+    expect(Number(row?.used)).toBe(3);
   });
 });

@@ -16,8 +16,8 @@ import { formatUsdFixed } from '../../money.ts';
 import { extend } from '../../objects.ts';
 import { type RpcUpstream, UpstreamError } from '../../providers/rpc/port.ts';
 import { hashRequestBody, type IdempotencyScope, type IdempotencyStore } from '../../storage/idempotency.ts';
-import type { ReserveWithin } from '../../storage/ledger.ts';
-import type { RateLimitsRepository } from '../../storage/rate-limits.ts';
+import type { Reservation, ReserveWithin } from '../../storage/ledger.ts';
+import type { HitInput, RateLimitsRepository } from '../../storage/rate-limits.ts';
 import type { RpcCreditsRepository } from '../../storage/rpc-credits.ts';
 import type { Tables } from '../../storage/schema.ts';
 import type { Charges } from '../billing/charges.ts';
@@ -61,6 +61,9 @@ export type RpcCallInput = {
 
 export type RpcCallResult = { headers: Record<string, string>; body: Buffer | string };
 
+/** The caller's minute as a reservation's transaction counted it (`admitMinute`), to take back if refused. */
+type CountedMinute = { minute?: HitInput };
+
 const CREDIT_HEADER = 'X-Service-RPC-Credits';
 const COST_HEADER = 'X-Service-RPC-Cost-USD';
 const REQUEST_ID_HEADER = 'X-Request-ID';
@@ -75,13 +78,21 @@ export function createRpcService(deps: RpcServiceDeps) {
   const price = deps.pricePerCreditNano;
 
   /**
-   * Counts the request in the caller's minute, as a statement of the reservation's transaction (a request
-   * refused later in it is not counted), or throws the 429 with the `X-RateLimit-*` headers.
+   * Counts the request in the caller's minute, in the reservation's transaction (a request refused later in it
+   * is not counted: in the rows the count rolls back with it; a count held by the process is taken back by
+   * `forward`, which `counted` tells), or throws the 429 with the `X-RateLimit-*` headers.
    */
-  async function admitMinute(principal: Principal, trx: Transaction<Tables>): Promise<void> {
+  async function admitMinute(
+    principal: Principal,
+    trx: Transaction<Tables>,
+    counted: CountedMinute,
+  ): Promise<void> {
     const at = now();
     const minute = minuteHit(principal, at);
-    if (await deps.rateLimits.count(minute, trx)) return;
+    if (await deps.rateLimits.count(minute, trx)) {
+      counted.minute = minute;
+      return;
+    }
     const hit = await deps.rateLimits.refused(minute, trx);
     const staff = limits.staffAccounts.has(principal.accountId);
     const retryAfter = Math.max(1, Math.ceil((hit.resetAtMs - at) / 1000));
@@ -115,10 +126,10 @@ export function createRpcService(deps: RpcServiceDeps) {
    * worst case taken from the rolling 24-hour credit cap (the bucket it went to is the result). On PostgreSQL
    * also as the two writes of the reservation's one round trip (ReserveWithin.embedded) when both can be.
    */
-  function admission(principal: Principal, plan: RpcPlan): ReserveWithin<number> {
+  function admission(principal: Principal, plan: RpcPlan, counted: CountedMinute): ReserveWithin<number> {
     const take = { subject: principal.accountId, credits: plan.worstCase, limit: limits.creditsPerDay };
     const within = async (trx: Transaction<Tables>) => {
-      await admitMinute(principal, trx);
+      await admitMinute(principal, trx, counted);
       const taken = await deps.credits.takeIn(trx, take);
       if (!taken.allowed) throw creditCapError(taken.nextReleaseAtMs);
       return taken.bucketMs;
@@ -201,11 +212,21 @@ export function createRpcService(deps: RpcServiceDeps) {
     const requestId = timeOrderedHex(16);
     const worstNano = BigInt(plan.worstCase) * price;
     // Also when the worst case is free (a zero price): the reservation's account lock serialises the count.
-    const { reservation, within: bucketMs } = await deps.charges.reserveWith(
-      principal,
-      { amountNano: worstNano, requestId, modelId: network.slug },
-      admission(principal, plan),
-    );
+    const counted: CountedMinute = {};
+    let reserved: { reservation: Reservation; within: number };
+    try {
+      reserved = await deps.charges.reserveWith(
+        principal,
+        { amountNano: worstNano, requestId, modelId: network.slug },
+        admission(principal, plan, counted),
+      );
+    } catch (error) {
+      // Refused after its count (the credit cap, the balance) or not committed: not counted in the minute.
+      // Should the count's row be unreadable, the minute keeps it: one too many, never one too few.
+      if (counted.minute) await deps.rateLimits.takeBack(counted.minute).catch(() => undefined);
+      throw error;
+    }
+    const { reservation, within: bucketMs } = reserved;
     let held = true;
     try {
       const answer = await upstream
