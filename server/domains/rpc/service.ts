@@ -1,6 +1,7 @@
 /**
  * The JSON-RPC proxy: checks and prices every item of a call, replays or claims its idempotency key, then in
- * one transaction (on PostgreSQL one round trip, see admission) counts it under the per-minute cap, takes the
+ * one transaction (on PostgreSQL one round trip, see admission) counts it under the per-minute cap (one SQLite
+ * process holds that count in memory, taken back if the transaction does not commit), takes the
  * worst case from the rolling 24-hour credit cap and reserves it on the ledger, forwards the bytes to the
  * network's nodes (with failover), then returns the node's bytes unchanged while what the answer really cost
  * is charged (the capture is not waited for: Charges.captureDetached). Everything that does not depend on the
