@@ -231,13 +231,13 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
         })
       : undefined;
 
-  /** A held window's count (`held` only): looked up, or read from its row on `runner`. */
+  /** A held window's count: looked up, or read from its row on `runner`. */
   async function heldCount(
+    counts: HeldCounts,
     bucket: string,
     { start, resetAtMs }: { start: number; resetAtMs: number },
     runner?: StatementRunner,
   ): Promise<HeldCount> {
-    const counts = held as HeldCounts;
     const window = { bucket, start, resetAtMs };
     const [count] = counts.lookup([window]) ?? (await counts.counts([window], runner));
     return count as HeldCount;
@@ -341,7 +341,7 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
       const { limit, cost, start } = plan;
       if (cost > limit) return false;
       if (!held) return changedAny(await countHitQuietly(runner, input.bucket, start, cost, limit));
-      const count = await heldCount(input.bucket, plan, runner);
+      const count = await heldCount(held, input.bucket, plan, runner);
       if (count.used + cost > limit) return false;
       held.add(count, cost);
       return true;
@@ -354,14 +354,14 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
     async takeBack(input: HitInput): Promise<void> {
       if (!held) return;
       const plan = planHit(input);
-      held.add(await heldCount(input.bucket, plan), -plan.cost);
+      held.add(await heldCount(held, input.bucket, plan), -plan.cost);
     },
 
     /** What `hit` answers for a refusal of `input` (after `count` refused it, with the same `now`). */
     async refused(input: HitInput, runner: StatementRunner = db): Promise<HitResult> {
       const plan = planHit(input);
       if (!held) return refusal(input.bucket, plan, runner);
-      return hitResult(plan, (await heldCount(input.bucket, plan, runner)).used, false);
+      return hitResult(plan, (await heldCount(held, input.bucket, plan, runner)).used, false);
     },
 
     /**
@@ -464,7 +464,7 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
       const limit = positiveInteger('limit', input.limit, true);
       const { start, resetAtMs } = windowOf(windowMs, input.now ?? now());
       const used = held
-        ? (await heldCount(input.bucket, { start, resetAtMs })).used
+        ? (await heldCount(held, input.bucket, { start, resetAtMs })).used
         : await current(input.bucket, start);
       return hitResult({ limit, resetAtMs }, used, used < limit);
     },
@@ -480,10 +480,10 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
         await countHitQuietly(runner, input.bucket, start, cost, Number.MAX_SAFE_INTEGER);
         return;
       }
-      held.add(await heldCount(input.bucket, { start, resetAtMs }, runner), cost);
+      held.add(await heldCount(held, input.bucket, { start, resetAtMs }, runner), cost);
     },
 
-    /** Whether this repository holds the counts of `admit` and `add` (RateLimitsOptions.held). */
+    /** Whether this repository holds the counts of `admit`, `add` and `count` (RateLimitsOptions.held). */
     holds: held !== undefined,
 
     /** Writes the counts held in this process to their rows; resolves once committed. */

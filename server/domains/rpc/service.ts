@@ -212,7 +212,8 @@ export function createRpcService(deps: RpcServiceDeps) {
     // Time-ordered, as README documents (random-hex.ts timeOrderedHex).
     const requestId = timeOrderedHex(16);
     const worstNano = BigInt(plan.worstCase) * price;
-    // Also when the worst case is free (a zero price): the reservation's account lock serialises the count.
+    // Also when the worst case is free (a zero price): in the rows, the reservation's account lock serialises
+    // the count (held, the process's one thread does).
     const counted: CountedMinute = {};
     let reserved: { reservation: Reservation; within: number };
     try {
