@@ -10,9 +10,10 @@
  * is from the bare `node:http` ceiling.
  *
  * - `POST /chat`: a non-streamed chat's writes: in one transaction the caller's account and key read under
- *   the write lock, the reservation inserted and held on the account; in the next event-loop turn (the work),
- *   in another transaction the account charged, the reservation settled, two ledger entries (input and output
- *   tokens); then a JSON answer. Its three rate-limit windows and its tokens are counted in memory and written
+ *   the write lock, the reservation held in memory against them (as one server process on SQLite holds it:
+ *   server/storage/held-reservations.ts); in the next event-loop turn (the work), in another transaction the
+ *   reservation's row written settled, the account charged, two ledger entries (input and output tokens); then
+ *   a JSON answer. Its three rate-limit windows and its tokens are counted in memory and written
  *   behind every 50 ms, as one server process on SQLite does (`countHeld`).
  * - `POST /rpc`: a JSON-RPC call's writes around a forward to `FLOOR_UPSTREAM`: the reservation before (its
  *   per-minute count held in memory as a chat's windows are), the capture (one ledger entry) after; the
@@ -86,17 +87,12 @@ const statements = {
     `insert into rate_limit_counters (bucket, window_start_ms, used) values (?, ?, ?)
        on conflict (bucket, window_start_ms) do update set used = used + excluded.used`,
   ),
-  reservation: db.prepare(
+  settled: db.prepare(
     `insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano, epoch_day,
-       status, created_at_ms, expires_at_ms) values (?, ?, ?, ?, ?, ?, 0, ?, 'held', ?, ?)`,
+       status, created_at_ms, expires_at_ms, settled_at_ms) values (?, ?, ?, ?, ?, ?, 0, ?, 'captured', ?, ?, ?)`,
   ),
-  hold: db.prepare('update accounts set usd_reserved_nano = usd_reserved_nano + ? where id = ?'),
   charge: db.prepare(
-    `update accounts set usd_balance_nano = usd_balance_nano - ?, usd_reserved_nano = usd_reserved_nano - ?
-       where id = ? returning usd_balance_nano`,
-  ),
-  settle: db.prepare(
-    `update reservations set status = 'captured', settled_at_ms = ? where id = ? and status = 'held'`,
+    'update accounts set usd_balance_nano = usd_balance_nano - ? where id = ? returning usd_balance_nano',
   ),
   entry: db.prepare(
     `insert into ledger_entries (id, account_id, api_key_id, reservation_id, type, currency, amount_nano,
@@ -105,7 +101,14 @@ const statements = {
   ),
 };
 
-type Billed = { reservationId: string; requestId: string; model: string };
+type Billed = { reservationId: string; requestId: string; model: string; createdAt?: bigint };
+
+/**
+ * The USD held in memory for the account (server/storage/held-reservations.ts; since the forty-third round:
+ * before, the reservation's row inserted held and the account's reserved sum raised, and the capture's claim
+ * of the row and the sum lowered).
+ */
+let heldNano = 0n;
 
 /**
  * A chat's rate-limit windows, held in memory and written behind every FLUSH_MS as the windows' sums, as one
@@ -150,7 +153,7 @@ function countHeld(bucket: string, start: bigint, cost: bigint): void {
 
 function reserve(billed: Billed, buckets: string[]): void {
   const at = BigInt(Date.now());
-  statements.principal.get(key.id);
+  const account = statements.principal.get(key.id) as { usd_balance_nano: bigint; usd_reserved_nano: bigint };
   const minute = at - (at % MINUTE);
   if (buckets.length === 3) {
     // The tokens-per-minute window is only looked at (counted at the capture); the day and the minute count
@@ -163,18 +166,10 @@ function reserve(billed: Billed, buckets: string[]): void {
     // transaction).
     countHeld(buckets[0] as string, minute, 1n);
   }
-  statements.reservation.run(
-    billed.reservationId,
-    key.account_id,
-    key.id,
-    billed.requestId,
-    billed.model,
-    RESERVE_NANO,
-    at / DAY,
-    at,
-    at + 10n * MINUTE,
-  );
-  statements.hold.run(RESERVE_NANO, key.account_id);
+  if (account.usd_balance_nano - account.usd_reserved_nano - heldNano < RESERVE_NANO)
+    throw new Error('unfunded');
+  heldNano += RESERVE_NANO;
+  billed.createdAt = at;
 }
 
 function capture(
@@ -184,8 +179,22 @@ function capture(
 ) {
   const at = BigInt(Date.now());
   const cost = parts.reduce((sum, p) => sum + p.units * p.priceNano, 0n);
-  const [row] = statements.charge.all(cost, RESERVE_NANO, key.account_id) as [{ usd_balance_nano: bigint }];
-  if (statements.settle.run(at, billed.reservationId).changes !== 1) throw new Error('reservation not held');
+  const createdAt = billed.createdAt ?? at;
+  statements.settled.run(
+    billed.reservationId,
+    key.account_id,
+    key.id,
+    billed.requestId,
+    billed.model,
+    RESERVE_NANO,
+    createdAt / DAY,
+    createdAt,
+    createdAt + 10n * MINUTE,
+    at,
+  );
+  const [row] = statements.charge.all(cost, key.account_id) as [{ usd_balance_nano: bigint }];
+  // Let go of once the capture is written (the server lets go once it is committed).
+  heldNano -= RESERVE_NANO;
   for (const part of parts) {
     statements.entry.run(
       randomUUID(),

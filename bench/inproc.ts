@@ -74,6 +74,8 @@ const config = loadConfig({
   RPC_CREDITS_PER_DAY: '1000000000000',
   // Counting instructions (BENCH_MARKS=1, about 50 times slower): no work on timers in the measured requests.
   ...(process.env.BENCH_MARKS === '1' ? { API_KEY_CACHE_TTL_MS: '60000' } : {}),
+  // A setting to compare (`SQLITE_MEMORY_HOLDS=false`: the reservations held in their rows).
+  ...(process.env.SQLITE_MEMORY_HOLDS ? { SQLITE_MEMORY_HOLDS: process.env.SQLITE_MEMORY_HOLDS } : {}),
   ...(anvil ? { RPC_UPSTREAM_BASE_MAINNET: anvil.url } : {}),
   // The public origin the wallet's sign-ins are signed for.
   ...(wallets ? wallets.walletEnv : {}),

@@ -39,6 +39,7 @@ const variables = z.object({
     .max(3_600_000)
     .default(CHECKPOINT_INTERVAL_MS),
   SQLITE_RATE_LIMIT_FLUSH_MS: z.coerce.number().int().min(0).max(60_000).default(FLUSH_MS),
+  SQLITE_MEMORY_HOLDS: bool.default(true),
   SERVICE_CONFIG: z.string().min(1).optional(),
   ADMIN_API_KEY: z.string().min(20, 'at least 20 characters').optional(),
   BOOTSTRAP_BALANCE_USD: usd.default('10'),
@@ -136,6 +137,7 @@ const schema = variables.transform((env) => ({
    * a crash loses; held-counts.ts); 0 counts in the rows at once, as `WORKERS` > 1 and PostgreSQL do.
    */
   sqliteRateLimitFlushMs: env.SQLITE_RATE_LIMIT_FLUSH_MS,
+  sqliteMemoryHolds: env.SQLITE_MEMORY_HOLDS,
   serviceConfigPath: env.SERVICE_CONFIG,
   adminApiKey: env.ADMIN_API_KEY,
   bootstrapBalanceUsd: env.BOOTSTRAP_BALANCE_USD,

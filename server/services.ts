@@ -109,7 +109,10 @@ export async function createServices(
   // The money this process's ledger entries moved, by type and currency (a counter: charges as positive amounts).
   // By type, then by currency: no label text made per entry (a new string, hashed before each lookup).
   const entriesMoved = new Map<string, Map<string, bigint>>();
+  // One process on SQLite holds its requests' reservations in memory (held-reservations.ts); workers that
+  // share the file hold them in its rows, as PostgreSQL's instances do.
   const ledger = createLedger(database, {
+    holdsInMemory: databaseOptions.sharedWriters !== true && config.sqliteMemoryHolds,
     onEntries(entries) {
       for (const entry of entries) {
         const byCurrency = innerMap(entriesMoved, entry.type);

@@ -18,8 +18,12 @@
  * (DIEM, the caller's statements in any other form, what the one statement could not do) runs in the
  * transaction described above.
  *
+ * On SQLite with one process writing the file (LedgerOptions.holdsInMemory) a reservation of USD alone is held
+ * in memory until it settles, and its row is written once, settled (held-reservations.ts).
+ *
  * Invariants: `usd_balance_nano` equals the sum of the account's USD entries; `usd_reserved_nano` equals the
- * sum of its held reservations' USD parts and never exceeds the balance; nothing overspends. Each row of
+ * sum of its held reservations' USD parts in the rows, and with what is held in memory never exceeds the
+ * balance; nothing overspends. Each row of
  * `api_key_spend_days` equals the sum of its key's CHARGE and REFUND entries of that UTC day and currency,
  * written in their transaction (or their statement): a key's spend limit reads those rows, not the entries.
  */
@@ -39,6 +43,7 @@ import {
   StorageError,
 } from './errors.ts';
 import { EAGER } from './group-commit.ts';
+import { heldReservationsOf, heldUsdOf, NOT_HELD } from './held-reservations.ts';
 import {
   assertAmount,
   compiledOnce,
@@ -273,6 +278,11 @@ export type LedgerOptions = RepositoryOptions & {
    * capture, a refund): what process-local counters of money moved are made of (the `/metrics` counter).
    */
   onEntries?(entries: readonly LedgerEntry[]): void;
+  /**
+   * SQLite, when this process alone writes the file: a reservation of USD alone is held in memory, not in a
+   * row, until it is captured, released or expired (held-reservations.ts). Ignored on PostgreSQL.
+   */
+  holdsInMemory?: boolean;
 };
 
 export type LedgerRepository = ReturnType<typeof createLedger>;
@@ -331,6 +341,16 @@ type ClaimedReservation = Pick<Selectable<ReservationsTable>, (typeof CLAIMED_CO
 /** captureWith was given a reservation whose figures are not the stored ones. */
 const notAsStored = () =>
   new StorageError('STORAGE_FAILURE', 'The reservation does not match its stored figures');
+
+/** Whether a caller's reservation has the figures of the one held (what a claim of its row checks). */
+function sameFigures(held: Reservation, reservation: Reservation): boolean {
+  return (
+    held.accountId === reservation.accountId &&
+    held.usdNano === reservation.usdNano &&
+    held.diemNano === reservation.diemNano &&
+    held.epochDay === reservation.epochDay
+  );
+}
 
 /** A reservation's claimed columns as the caller's reservation has them (a claim that proved them equal). */
 function claimedAs(reservation: Reservation): ClaimedReservation {
@@ -435,9 +455,30 @@ export type BalanceRow = {
   reserved_nano: bigint | null;
 };
 
-/** An account's balance from what `balanceQuery` read. */
-export function balanceOfRow(row: BalanceRow): Balance {
-  return balanceOf(row, { usedNano: row.used_nano ?? 0n, reservedNano: row.reserved_nano ?? 0n });
+/**
+ * An account's balance from what `balanceQuery` read, with `heldNano` (USD held in memory for it:
+ * held-reservations.ts) reserved besides its row's.
+ */
+export function balanceOfRow(row: BalanceRow, heldNano = 0n): Balance {
+  return balanceOf(withHeld(row, heldNano), {
+    usedNano: row.used_nano ?? 0n,
+    reservedNano: row.reserved_nano ?? 0n,
+  });
+}
+
+/** An account row with `heldNano` (USD held in memory for it) added to its reserved sum. */
+function withHeld<
+  Row extends { usd_balance_nano: bigint; usd_reserved_nano: bigint; diem_stake_nano: bigint },
+>(
+  account: Row,
+  heldNano: bigint,
+): { usd_balance_nano: bigint; usd_reserved_nano: bigint; diem_stake_nano: bigint } {
+  if (heldNano === 0n) return account;
+  return {
+    usd_balance_nano: account.usd_balance_nano,
+    usd_reserved_nano: account.usd_reserved_nano + heldNano,
+    diem_stake_nano: account.diem_stake_nano,
+  };
 }
 
 /** The part of a balance the `x-service-balance-*` headers report (BalanceBefore). */
@@ -589,6 +630,10 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     batchable: boolean,
   ): Promise<T> => (database.forAccountRow ? database.forAccountRow(accountId, fn, batchable) : fn(db));
   const { now, randomId } = resolveOptions(options);
+  // SQLite: the reservations held in memory on this database (held-reservations.ts), which every ledger on it
+  // counts; this one holds there only with `holdsInMemory`.
+  const memory = dialect === 'sqlite' ? heldReservationsOf(database) : undefined;
+  const holdsInMemory = memory !== undefined && options.holdsInMemory === true;
 
   // lockAccount's statement (PostgreSQL: FOR UPDATE; SQLite's transaction holds the write lock already).
   const selectAccountLocked = compiledOnce((accountId: string) => {
@@ -673,6 +718,67 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
         settled_at_ms: null,
       }),
   );
+  /** The row of a reservation held in memory, written once it settles (held-reservations.ts). */
+  const insertSettled = compiledOnce(
+    (
+      id: string,
+      accountId: string,
+      apiKeyId: string | null,
+      requestId: string,
+      modelId: string | null,
+      usdNano: bigint,
+      epochDay: number,
+      status: 'captured' | 'released' | 'expired',
+      createdAtMs: number,
+      expiresAtMs: number,
+      settledAtMs: number,
+    ) =>
+      db.insertInto('reservations').values({
+        id,
+        account_id: accountId,
+        api_key_id: apiKeyId,
+        request_id: requestId,
+        model_id: modelId,
+        usd_nano: usdNano,
+        diem_nano: 0n,
+        epoch_day: epochDay,
+        status,
+        created_at_ms: createdAtMs,
+        expires_at_ms: expiresAtMs,
+        settled_at_ms: settledAtMs,
+      }),
+  );
+  const writeSettled = (
+    trx: Transaction<Tables>,
+    reservation: Reservation,
+    status: 'captured' | 'released' | 'expired',
+    at: number,
+  ) =>
+    insertSettled(
+      trx,
+      reservation.id,
+      reservation.accountId,
+      reservation.apiKeyId,
+      reservation.requestId,
+      reservation.modelId,
+      reservation.usdNano,
+      reservation.epochDay,
+      status,
+      reservation.createdAtMs,
+      reservation.expiresAtMs,
+      at,
+    );
+  /**
+   * Settles a reservation held in memory without capturing it (`released`, `expired`): its row written so; the
+   * reservation as it now is, or NOT_HELD when it is not held here.
+   */
+  const settleHeld = (reservationId: string, status: 'released' | 'expired', at: number) =>
+    memory
+      ? memory.settle(reservationId, async (reservation): Promise<Reservation> => {
+          await database.transaction((trx) => writeSettled(trx, reservation, status, at));
+          return extend(reservation, { status, settledAtMs: at });
+        })
+      : NOT_HELD;
   const addReserved = compiledOnce((usdNano: bigint, accountId: string) =>
     db
       .updateTable('accounts')
@@ -839,7 +945,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     if (includeHeld) {
       // Held reservations count whenever they were made: their capture will be booked now.
       const [held] = await selectHeldOfKey(q, apiKeyId);
-      usdNano += toBigInt(held?.usd);
+      usdNano += toBigInt(held?.usd) + (memory?.usdOfKey(apiKeyId) ?? 0n);
       diemNano += toBigInt(held?.diem);
     }
     return { usdNano, diemNano };
@@ -1510,6 +1616,31 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       );
       if (reserved) return extend(reserved, { within: within?.embedded?.result });
     }
+    // A hold made in memory in the transaction below, let go of should the transaction not commit.
+    let inMemory: Reservation | undefined;
+    try {
+      return await reserveRows(input, within, at, epochDay, apiKeyId, (reservation) => {
+        inMemory = reservation;
+      });
+    } catch (error) {
+      if (inMemory) memory?.forget(inMemory);
+      throw error;
+    }
+  }
+
+  /**
+   * The transaction of `reserveIn`: the account row locked first, then the caller's `within` (if any), then
+   * the checks and the hold: in memory (`heldInMemory` told of it) for USD alone when the ledger holds there,
+   * else its row and the account's reserved sums.
+   */
+  function reserveRows<T>(
+    input: ReserveInput,
+    within: ReserveWithin<T> | undefined,
+    at: number,
+    epochDay: number,
+    apiKeyId: string | null,
+    heldInMemory: (reservation: Reservation) => void,
+  ): Promise<ReserveResult & { within: T | undefined }> {
     return database.transaction(async (trx) => {
       // One statement: the account row, locked, with the limits of the key (when one is charged).
       const { account, key } =
@@ -1522,7 +1653,8 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
         account.diem_stake_nano > 0n
           ? await diemUsage(trx, input.accountId, epochDay)
           : { usedNano: 0n, reservedNano: 0n };
-      const balance = balanceOf(account, usage);
+      // What this process holds in memory for the account is reserved too (held-reservations.ts).
+      const balance = balanceOf(withHeld(account, memory?.usdOf(input.accountId) ?? 0n), usage);
       const diemPart = minBig(input.amountNano, balance.diemAvailableNano);
       const usdPart = input.amountNano - diemPart;
       if (usdPart > balance.usdAvailableNano) {
@@ -1559,23 +1691,29 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
           }
         }
       }
-      // The row is exactly these values (an INSERT without ON CONFLICT writes it or throws): not read back.
       const reservation = heldReservation(input, apiKeyId, usdPart, diemPart, at);
-      await insertReservation(
-        trx,
-        reservation.id,
-        reservation.accountId,
-        reservation.apiKeyId,
-        reservation.requestId,
-        reservation.modelId,
-        reservation.usdNano,
-        reservation.diemNano,
-        reservation.epochDay,
-        reservation.createdAtMs,
-        reservation.expiresAtMs,
-      );
-      if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
-      await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
+      if (holdsInMemory && diemPart === 0n) {
+        // In the same turn as the check above: nothing else holds for the account in between.
+        memory?.hold(reservation);
+        heldInMemory(reservation);
+      } else {
+        // The row is exactly these values (an INSERT without ON CONFLICT writes it or throws): not read back.
+        await insertReservation(
+          trx,
+          reservation.id,
+          reservation.accountId,
+          reservation.apiKeyId,
+          reservation.requestId,
+          reservation.modelId,
+          reservation.usdNano,
+          reservation.diemNano,
+          reservation.epochDay,
+          reservation.createdAtMs,
+          reservation.expiresAtMs,
+        );
+        if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
+        await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
+      }
       if (changeStamp) numberHold(database, input.accountId);
       const certain =
         changeStamp !== undefined &&
@@ -1597,7 +1735,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       // One statement: the account and its DIEM counters of the day.
       const [row] = await selectBalance(db, epochDayOf(at), accountId);
       if (!row) throw new NotFoundError('account', accountId);
-      return balanceOfRow(row);
+      return balanceOfRow(row, heldUsdOf(database, accountId));
     },
 
     /**
@@ -1697,6 +1835,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
      * reservation is not held any more.
      */
     async capture(reservationId: string, input: CaptureInput): Promise<CaptureResult> {
+      // Held in memory: captured as captureWith does (the figures are the held ones).
+      const held = memory?.get(reservationId);
+      if (held) return ledger.captureWith(held, input);
       const items = captureItems(input);
       const at = now();
       return database.transaction(async (trx) => {
@@ -1733,6 +1874,8 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
      */
     async release(reservationId: string): Promise<ReleaseResult> {
       const at = now();
+      const released = await settleHeld(reservationId, 'released', at);
+      if (released !== NOT_HELD) return { released: true, reservation: released };
       return database.transaction(async (trx) => {
         const { changed, row } = await settleReservation(trx, reservationId, 'released', at);
         return { released: changed, reservation: toReservation(row) };
@@ -1746,6 +1889,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
      */
     async expireReservations(at: number = now()): Promise<number> {
       let count = 0;
+      for (const due of memory?.due(at) ?? []) {
+        if ((await settleHeld(due.id, 'expired', at)) !== NOT_HELD) count++;
+      }
       for (;;) {
         const due = await db
           .selectFrom('reservations')
@@ -1765,6 +1911,8 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
 
     /** Returns a reservation, or throws NotFoundError. */
     async getReservation(reservationId: string): Promise<Reservation> {
+      const held = memory?.get(reservationId);
+      if (held) return held;
       const row = await db
         .selectFrom('reservations')
         .selectAll()
@@ -1918,7 +2066,10 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
           eb.fn.sum<string | bigint | null>('usd_reserved_nano').as('reserved'),
         ])
         .executeTakeFirstOrThrow();
-      return { usdBalanceNano: toBigInt(held.usd), usdReservedNano: toBigInt(held.reserved) };
+      return {
+        usdBalanceNano: toBigInt(held.usd),
+        usdReservedNano: toBigInt(held.reserved) + (memory?.total() ?? 0n),
+      };
     },
 
     /** Start of the key-limit period containing `at` (EPOCH: the UTC day, MONTH: the UTC month, LIFETIME: 0). */
@@ -1962,9 +2113,8 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     ): Promise<CaptureResult> {
       // The split needs only the reservation's figures: computed before the transaction.
       const split = splitCharge(captureItems(input), reservation.usdNano, reservation.diemNano);
-      const { usdCharged, diemCharged } = split;
       const at = now();
-      if (dialect === 'postgres' && reservation.diemNano === 0n && usdCharged > 0n) {
+      if (dialect === 'postgres' && reservation.diemNano === 0n && split.usdCharged > 0n) {
         try {
           // `within` as a write of the one statement when it has that form; else in a transaction with it.
           const entries =
@@ -1984,68 +2134,100 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
           if (!(error instanceof NotAtOnce)) throw error;
         }
       }
-      const settlesUsd = usdCharged > 0n || reservation.usdNano > 0n;
-      return database.transaction(async (trx) => {
-        let account: { usd_balance_nano: bigint; diem_stake_nano: bigint } | undefined;
-        let row: ClaimedReservation | undefined;
-        if (dialect === 'sqlite') {
-          // One writer at a time: the claim comes first and proves the figures by what it changed.
-          const claim = await claimAsStored(
-            trx,
-            at,
-            reservation.id,
-            reservation.accountId,
-            reservation.usdNano,
-            reservation.diemNano,
-            reservation.epochDay,
-          );
-          if (claim.numAffectedRows !== 1n) return refuseClaim(trx, reservation.id);
-          row = claimedAs(reservation);
-          if (settlesUsd) await settleAccount(trx, usdCharged, reservation.usdNano, reservation.accountId);
-          [account] = await selectSettled(trx, reservation.accountId);
-          if (!account) throw new NotFoundError('account', reservation.accountId);
-        } else {
-          // The account row first, as every writer locks it: here by the update that settles the USD figures.
-          [account] = settlesUsd
-            ? await settleAccountReturning(
-                trx,
-                usdCharged,
-                reservation.usdNano,
-                reservation.accountId,
-                reservation.id,
-              )
-            : [await lockAccount(trx, reservation.accountId)];
-          [row] = account ? await claimReservation(trx, at, reservation.id) : [];
-          if (!account || !row) return refuseClaim(trx, reservation.id);
-          if (
-            row.account_id !== reservation.accountId ||
-            row.usd_nano !== reservation.usdNano ||
-            row.diem_nano !== reservation.diemNano ||
-            toNumber(row.epoch_day) !== reservation.epochDay
-          ) {
-            throw notAsStored();
-          }
-        }
-        const entries = await writeCharges(
-          trx,
-          row,
-          split.parts,
-          {
-            diemStakeNano: account.diem_stake_nano,
-            // The balance before this capture: the update above already took the USD charged off it.
-            usdBalanceNano: account.usd_balance_nano + usdCharged,
-          },
-          at,
-        );
-        await bumpDiem(trx, reservation.accountId, reservation.epochDay, {
-          usedNano: diemCharged,
-          reservedNano: -reservation.diemNano,
+      if (memory?.get(reservation.id)) {
+        // Held in memory: its row is written by the capture, settled (held-reservations.ts).
+        const outcome = await memory.settle(reservation.id, (stored) => {
+          if (!sameFigures(stored, reservation)) throw notAsStored();
+          return captureIn(reservation, split, at, within, true);
         });
-        if (within) await within(trx, entries);
-        return captured(split, entries);
-      });
+        if (outcome !== NOT_HELD) return outcome;
+      }
+      return captureIn(reservation, split, at, within, false);
     },
   };
+
+  /**
+   * The transaction of `captureWith` (see there); `fromMemory`, of a reservation held in memory, whose row it
+   * writes captured (held-reservations.ts) where the others' is claimed.
+   */
+  function captureIn<T>(
+    reservation: Reservation,
+    split: StoredSplit,
+    at: number,
+    within: CaptureWithin<T> | undefined,
+    fromMemory: boolean,
+  ): Promise<CaptureResult> {
+    const { usdCharged, diemCharged } = split;
+    // What the account's reserved sum gives back: nothing for a hold in memory.
+    const releasedNano = fromMemory ? 0n : reservation.usdNano;
+    const settlesUsd = usdCharged > 0n || releasedNano > 0n;
+    return database.transaction(async (trx) => {
+      let account: { usd_balance_nano: bigint; diem_stake_nano: bigint } | undefined;
+      let row: ClaimedReservation | undefined;
+      if (fromMemory) {
+        // Before the entries, which refer to it.
+        await writeSettled(trx, reservation, 'captured', at);
+        row = claimedAs(reservation);
+        if (settlesUsd) await settleAccount(trx, usdCharged, 0n, reservation.accountId);
+        [account] = await selectSettled(trx, reservation.accountId);
+        if (!account) throw new NotFoundError('account', reservation.accountId);
+      } else if (dialect === 'sqlite') {
+        // One writer at a time: the claim comes first and proves the figures by what it changed.
+        const claim = await claimAsStored(
+          trx,
+          at,
+          reservation.id,
+          reservation.accountId,
+          reservation.usdNano,
+          reservation.diemNano,
+          reservation.epochDay,
+        );
+        if (claim.numAffectedRows !== 1n) return refuseClaim(trx, reservation.id);
+        row = claimedAs(reservation);
+        if (settlesUsd) await settleAccount(trx, usdCharged, releasedNano, reservation.accountId);
+        [account] = await selectSettled(trx, reservation.accountId);
+        if (!account) throw new NotFoundError('account', reservation.accountId);
+      } else {
+        // The account row first, as every writer locks it: here by the update that settles the USD figures.
+        [account] = settlesUsd
+          ? await settleAccountReturning(
+              trx,
+              usdCharged,
+              reservation.usdNano,
+              reservation.accountId,
+              reservation.id,
+            )
+          : [await lockAccount(trx, reservation.accountId)];
+        [row] = account ? await claimReservation(trx, at, reservation.id) : [];
+        if (!account || !row) return refuseClaim(trx, reservation.id);
+        if (
+          row.account_id !== reservation.accountId ||
+          row.usd_nano !== reservation.usdNano ||
+          row.diem_nano !== reservation.diemNano ||
+          toNumber(row.epoch_day) !== reservation.epochDay
+        ) {
+          throw notAsStored();
+        }
+      }
+      const entries = await writeCharges(
+        trx,
+        row,
+        split.parts,
+        {
+          diemStakeNano: account.diem_stake_nano,
+          // The balance before this capture: the update above already took the USD charged off it.
+          usdBalanceNano: account.usd_balance_nano + usdCharged,
+        },
+        at,
+      );
+      await bumpDiem(trx, reservation.accountId, reservation.epochDay, {
+        usedNano: diemCharged,
+        reservedNano: -reservation.diemNano,
+      });
+      if (within) await within(trx, entries);
+      return captured(split, entries);
+    });
+  }
 
   const { onEntries } = options;
   if (!onEntries) return ledger;

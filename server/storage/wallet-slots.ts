@@ -22,6 +22,7 @@ import { sql } from 'kysely';
 import type { Database } from './database.ts';
 import { NotFoundError } from './errors.ts';
 import { EAGER } from './group-commit.ts';
+import { heldUsdOf } from './held-reservations.ts';
 import {
   compiledOnce,
   epochDayOf,
@@ -100,7 +101,7 @@ export function createWalletSlots(database: Database, options: RepositoryOptions
       // The first statement of the transaction: SQLite's write lock is already held (BEGIN IMMEDIATE).
       const [row] = await selectBalance(trx, epochDayOf(at), input.accountId);
       if (!row) throw new NotFoundError('account', input.accountId);
-      const balance = balanceOfRow(row);
+      const balance = balanceOfRow(row, heldUsdOf(database, input.accountId));
       const [live] = await countLive(trx, input.accountId, at);
       if (toNumber(live?.n ?? 0) >= input.max) return { id: undefined, balance };
       const id = randomId();

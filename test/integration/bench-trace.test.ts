@@ -43,9 +43,10 @@ test('the hooks stamp each request of the real server: arrival, statements, answ
   expect(requests).toHaveLength(12);
   for (const request of requests) {
     const labels = request.map((s) => s.label);
-    // The reservation's transaction, committed before the answer's end (the admission's counts are held by
-    // the process and written behind: held-counts.ts).
-    const reserved = labels.indexOf('sql insert reservations');
+    // The reservation's transaction (its lock of the account: the hold is in memory, held-reservations.ts),
+    // committed before the answer's end (the admission's counts are held by the process and written behind:
+    // held-counts.ts); the reservation's row is the capture's.
+    const reserved = labels.indexOf('sql select accounts');
     expect(reserved).toBeGreaterThan(labels.indexOf('sql begin immediate'));
     expect(labels.indexOf('sql commit', reserved)).toBeLessThan(labels.indexOf('end'));
     expect(labels.indexOf('end')).toBeLessThan(labels.indexOf('ended'));
@@ -61,6 +62,7 @@ test('the hooks stamp each request of the real server: arrival, statements, answ
   // The captures (two ledger entries in one statement each): after their answers, so a capture may be stamped
   // after the next request's arrival (the next request waits for it), and the last one after the dump.
   const captures = requests.flat().filter((s) => s.label === 'sql insert ledger_entries').length;
+  expect(requests.flat().filter((s) => s.label === 'sql insert reservations').length).toBe(captures);
   expect(captures).toBeGreaterThanOrEqual(11);
   expect(captures).toBeLessThanOrEqual(12);
   const analysis = analyseTrace(trace);

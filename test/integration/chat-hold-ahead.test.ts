@@ -19,6 +19,7 @@ import type { ApiKeyPrincipal } from '../../server/http/auth.ts';
 import { createAccounts } from '../../server/storage/accounts.ts';
 import { createApiKeys } from '../../server/storage/api-keys.ts';
 import { createDatabase, type Database } from '../../server/storage/database.ts';
+import { heldReservationsOf } from '../../server/storage/held-reservations.ts';
 import { createLedger } from '../../server/storage/ledger.ts';
 import { migrate } from '../../server/storage/migrations.ts';
 import { type ChatServer, startChatServer } from '../support/chat-server.ts';
@@ -249,13 +250,20 @@ describe.each(engines)('a chat through upstreams on %s', (engine, databaseUrl) =
     return charged(accountId);
   }
 
+  /** The account's held reservations: in their rows, and (SQLite, one process) in memory. */
   async function heldReservations(accountId: string) {
-    return server.services.database.db
+    const { database } = server.services;
+    const rows = await database.db
       .selectFrom('reservations')
       .select(['request_id', 'usd_nano'])
       .where('account_id', '=', accountId)
       .where('status', '=', 'held')
       .execute();
+    const inMemory = heldReservationsOf(database)
+      .list()
+      .filter((held) => held.accountId === accountId)
+      .map((held) => ({ request_id: held.requestId, usd_nano: held.usdNano }));
+    return [...rows, ...inMemory];
   }
 
   test('behavior: the second request of an account holds while its call is on its way, and is billed as the first', async () => {

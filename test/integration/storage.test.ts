@@ -110,6 +110,16 @@ const engines: Array<[string, () => Promise<Opened>]> = [
     },
   ],
   [
+    'sqlite, holds in memory',
+    async () => {
+      const dir = await mkdtemp(join(tmpdir(), 'svc-sqlite-'));
+      return {
+        url: `sqlite:${join(dir, 'nested', 'service.db')}`,
+        cleanup: () => rm(dir, { recursive: true, force: true }),
+      };
+    },
+  ],
+  [
     'postgres',
     async () => {
       postgres ??= await startPostgres();
@@ -144,6 +154,10 @@ async function settle<T>(promises: Array<Promise<T>>) {
 }
 
 describe.each(engines)('storage on %s', (engine, open) => {
+  const sqlite = engine !== 'postgres';
+  /** The ledger's options: with holds in memory on that engine (LedgerOptions.holdsInMemory). */
+  const ledgerOptions = (options: { now: () => number }) =>
+    engine === 'sqlite, holds in memory' ? { ...options, holdsInMemory: true } : options;
   let opened: Opened;
   let database: Database;
   /** A second connection pool to the same database: another server process (PostgreSQL only). */
@@ -164,7 +178,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
     if (engine === 'postgres') other = await createDatabase(opened.url, { poolMax: 10 });
     accounts = createAccounts(database, clock);
     keys = createApiKeys(database, { ...clock, lastUsedResolutionMs: 1000 });
-    ledger = createLedger(database, clock);
+    ledger = createLedger(database, ledgerOptions(clock));
     limits = createRateLimits(database, clock);
     otherLedger = other ? createLedger(other, clock) : ledger;
     otherAccounts = other ? createAccounts(other, clock) : accounts;
@@ -249,7 +263,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
    * are tiny: PostgreSQL would rightly scan them).
    */
   async function planOf(text: string, parameters?: readonly unknown[]): Promise<string> {
-    if (engine === 'sqlite') {
+    if (sqlite) {
       const nulls = [...text.matchAll(/\?/g)].map(() => null);
       return dump(
         (await database.db.executeQuery(CompiledQuery.raw(`explain query plan ${text}`, nulls))).rows,
@@ -313,10 +327,9 @@ describe.each(engines)('storage on %s', (engine, open) => {
       check: (upgraded: Database) => Promise<void>,
     ) {
       const fresh = await open();
-      const url =
-        engine === 'sqlite'
-          ? fresh.url
-          : await (postgres as StartedPostgres).createDatabase(`${name}_${process.pid}`);
+      const url = sqlite
+        ? fresh.url
+        : await (postgres as StartedPostgres).createDatabase(`${name}_${process.pid}`);
       const upgraded = await createDatabase(url);
       try {
         const migrator = new Migrator({
@@ -474,7 +487,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
 
         expect(await migrate(upgraded)).toEqual({ applied: migrationsFrom('0020_ledger_entries_lean') });
         expect(await entries()).toEqual(written);
-        if (engine === 'sqlite') {
+        if (sqlite) {
           const { rows } = await sql<{ sql: string }>`select sql from sqlite_master
             where type = 'table' and name = 'ledger_entries'`.execute(upgraded.db);
           expect(rows[0]?.sql.toLowerCase()).not.toContain('autoincrement');
@@ -571,12 +584,11 @@ describe.each(engines)('storage on %s', (engine, open) => {
           last: second[0]?.seq,
         });
         expect((await jobs.get('unpaid'))?.chargeSeqs).toBeNull();
-        const indexes =
-          engine === 'sqlite'
-            ? await sql<{ name: string }>`select name from sqlite_master where type = 'index'`.execute(
-                upgraded.db,
-              )
-            : await sql<{ name: string }>`select indexname as name from pg_indexes`.execute(upgraded.db);
+        const indexes = sqlite
+          ? await sql<{ name: string }>`select name from sqlite_master where type = 'index'`.execute(
+              upgraded.db,
+            )
+          : await sql<{ name: string }>`select indexname as name from pg_indexes`.execute(upgraded.db);
         const names = indexes.rows.map((row) => row.name);
         expect(names).toContain('ledger_entries_account_seq_idx');
         expect(names).not.toContain('ledger_entries_request_idx');
@@ -670,11 +682,11 @@ describe.each(engines)('storage on %s', (engine, open) => {
             )
           ).rows;
         const rows = await rowsOf();
-        const indexes = engine === 'sqlite' ? await schemaOf(['index', 'trigger']) : [];
+        const indexes = sqlite ? await schemaOf(['index', 'trigger']) : [];
 
         expect(await migrate(upgraded)).toEqual({ applied: migrationsFrom('0023_check_comparisons') });
         expect(await rowsOf()).toEqual(rows);
-        if (engine === 'sqlite') {
+        if (sqlite) {
           expect(await schemaOf(['index', 'trigger'])).toEqual(indexes);
           const remade = await schemaOf(['table']);
           expect(remade.map((table) => table.name)).not.toContain(expect.stringMatching(/__remade$/));
@@ -774,10 +786,10 @@ describe.each(engines)('storage on %s', (engine, open) => {
 
     test('behavior: a payment is looked up through its partial unique index', async () => {
       const text = 'select * from "ledger_entries" where "network" = ? and "tx_hash" = ?';
-      const plan = await planOf(
-        engine === 'sqlite' ? text : text.replace('= ?', '= $1').replace('= ?', '= $2'),
-        ['n', 'h'],
-      );
+      const plan = await planOf(sqlite ? text : text.replace('= ?', '= $1').replace('= ?', '= $2'), [
+        'n',
+        'h',
+      ]);
       expect(plan).toContain('ledger_entries_payment_unique');
     });
 
@@ -2007,7 +2019,7 @@ describe.each(engines)('storage on %s', (engine, open) => {
             text.includes('insert into "rate_limit_counters"'),
           );
           expect(others).toHaveLength(0);
-          if (engine === 'sqlite') {
+          if (sqlite) {
             // SQLite's commit in WAL mode with synchronous = NORMAL does not sync: nothing to turn off.
             expect(statement).not.toContain('synchronous_commit');
             return;
