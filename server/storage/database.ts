@@ -87,6 +87,15 @@ export type Database = {
   /** SQLite only: a change of this process that `changeStamp` must tell (see there). */
   noteChange?(): void;
   /**
+   * SQLite with one process writing the file (not CreateDatabaseOptions.sharedWriters): runs `statement`, one
+   * compiled read (`compiledOnce`'s, on the runner it is given), at once and synchronously when no
+   * transaction is open on the connection, and answers its rows before anything else of the process can run:
+   * what it read is the file as last committed, and stays so until the caller's turn ends. Undefined when a
+   * transaction is open (a commit group's writes, not yet committed, would be read): the caller reads in a
+   * transaction of its own then. What a reservation held in memory reads (held-reservations.ts).
+   */
+  readNow?<R>(statement: (runner: StatementRunner) => Promise<R[]>): R[] | undefined;
+  /**
    * PostgreSQL, unless CreateDatabaseOptions.accountConcurrency is 0: runs a statement that locks the
    * account's row (a hold, a capture) once fewer than that many of this process's are at the database, on the
    * executor it is given: the database, or the transaction of the account's statements that waited together
@@ -291,11 +300,33 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
   });
   const dataVersion = sqlite.prepare('PRAGMA data_version').pluck().safeIntegers(false);
   let noted = 0;
+  // readNow's runner: the statement runs inside `executeQuery`, synchronously, and its rows are kept for it.
+  let readRows: unknown[] | undefined;
+  const reading: StatementRunner = {
+    executeQuery<R>(query: CompiledQuery<R>): Promise<QueryResult<R>> {
+      const result = direct(query);
+      readRows = result.rows;
+      return Promise.resolve(result);
+    },
+  };
   const database = extend(wrapped, {
     changeStamp: () => `${dataVersion.get() as number}:${noted}`,
     noteChange: () => {
       noted++;
     },
+    readNow: lock
+      ? undefined
+      : <R>(statement: (runner: StatementRunner) => Promise<R[]>): R[] | undefined => {
+          if (sqlite.inTransaction) return undefined;
+          readRows = undefined;
+          // The rows are taken from the runner: the promise would hand them over a turn of microtasks later. A
+          // statement that fails throws here, synchronously; one that could not be built rejects (told below).
+          statement(reading).catch(() => undefined);
+          const rows = readRows as R[] | undefined;
+          readRows = undefined;
+          if (!rows) throw new StorageError('STORAGE_FAILURE', 'readNow: the statement did not run at once');
+          return rows;
+        },
   });
   if (!checkpointer) return database;
   let closing: Promise<void> | undefined;

@@ -4,18 +4,23 @@
  * rows it cost the reservation's transaction an INSERT of the held row and an UPDATE of the account's reserved
  * sum, and the capture's an UPDATE claiming the row and the same UPDATE of the account undone: three writes of
  * shared pages (the account's, two indexes' last leaves) for a state nobody reads outside this process, and a
- * crash undid by the expiry sweep only. Here the reservation's transaction still runs (SQLite's write lock
- * orders it with every capture of the account), reads the account as before and checks it against its balance
- * less the rows' reserved sum less what is held here; it holds in memory and writes nothing. The row is written
+ * crash undid by the expiry sweep only. Here a reservation reads the account as before and checks it against
+ * its balance less the rows' reserved sum less what is held here; it holds in memory and writes nothing. A
+ * reservation of free USD (no DIEM stake, no spend limit on its key, none of the caller's statements) runs no
+ * transaction at all when none is open on the connection: its one read runs at once and synchronously
+ * (Database.readNow), and the check and the hold follow in the same turn; otherwise its transaction runs as
+ * before (SQLite's write lock orders it with every capture of the account). The row is written
  * once, settled: by the capture (status `captured`, in the capture's transaction, before the CHARGE entries
  * that refer to it), the release (`released`) or the sweep (`expired`). A crash loses the holds and nothing
  * else: no money had moved.
  *
- * Exact because every hold's account is checked inside a write transaction of the one connection, and a hold
- * is let go only once what settles it is committed: between that commit and the letting go, a reservation of
- * the account sees the charge twice (in the balance and in the hold), never not at all. Nothing awaited between
- * the check and the hold (the caller's transaction function runs them in one turn), so two reservations of an
- * account never both count the same money as free.
+ * Exact because every hold's account is read as committed (at once with no transaction open, or inside a
+ * write transaction of the one connection, which a failed group undoes with the hold), and a hold is let go only
+ * once what settles it is committed: between that commit and the letting go, a reservation of the account sees
+ * the charge twice (in the balance and in the hold), never not at all. Nothing is awaited between the read's
+ * answer and the hold in the at-once path, and while a reservation's transaction is open every other one waits
+ * (for the connection, or in its group after it: an at-once hold needs no transaction open), so two
+ * reservations of an account never both count the same money as free.
  *
  * A reservation settles once: `settle` marks it as settling before the first statement of what settles it;
  * another settlement of it (a capture racing the release of a request whose client left, the sweep) waits for

@@ -1616,6 +1616,10 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       );
       if (reserved) return extend(reserved, { within: within?.embedded?.result });
     }
+    if (holdsInMemory && !within && !keyLimited(input, apiKeyId)) {
+      const held = holdNow(input, apiKeyId, at);
+      if (held) return held;
+    }
     // A hold made in memory in the transaction below, let go of should the transaction not commit.
     let inMemory: Reservation | undefined;
     try {
@@ -1626,6 +1630,62 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       if (inMemory) memory?.forget(inMemory);
       throw error;
     }
+  }
+
+  /**
+   * SQLite, holding in memory: a reservation of free USD (no DIEM stake on the account; no key, or one without
+   * spend limits) made at once, with no transaction, when none is open on the connection (Database.readNow):
+   * the account (and key) read as last committed, checked and held in the same turn, so that nothing commits or
+   * holds in between. A capture lets its hold go only once it has committed, so what is read never misses a
+   * charge whose hold is gone. Undefined when it cannot (a transaction open, a DIEM stake, a key's limits): the
+   * transaction of `reserveRows` decides.
+   */
+  function holdNow(
+    input: ReserveInput,
+    apiKeyId: string | null,
+    at: number,
+  ): (ReserveResult & { within: undefined }) | undefined {
+    if (!memory || !database.readNow) return undefined;
+    let account: { usd_balance_nano: bigint; usd_reserved_nano: bigint; diem_stake_nano: bigint } | undefined;
+    // Whether the key charged is the account's (its limits are looked at below); true without one.
+    let keyFound = true;
+    if (apiKeyId === null) {
+      const rows = database.readNow((runner) => selectAccountLocked(runner, input.accountId));
+      if (!rows) return undefined;
+      [account] = rows;
+    } else {
+      const rows = database.readNow((runner) => selectAccountWithKey(runner, input.accountId, apiKeyId));
+      if (!rows) return undefined;
+      const [row] = rows;
+      if (row && (row.key_limit_usd_nano !== null || row.key_limit_diem_nano !== null)) return undefined;
+      keyFound = row !== undefined && row.key_id !== null && row.key_limit_period !== null;
+      account = row;
+    }
+    if (!account) throw new NotFoundError('account', input.accountId);
+    if (account.diem_stake_nano !== 0n) return undefined;
+    // The checks in the order of reserveRows': the balance, then the key.
+    const balance = balanceOf(withHeld(account, memory.usdOf(input.accountId)), {
+      usedNano: 0n,
+      reservedNano: 0n,
+    });
+    if (input.amountNano > balance.usdAvailableNano) {
+      throw new InsufficientBalanceError({
+        requiredNano: input.amountNano,
+        usdAvailableNano: balance.usdAvailableNano,
+        diemAvailableNano: 0n,
+      });
+    }
+    if (!keyFound && apiKeyId !== null) throw new NotFoundError('api key', apiKeyId);
+    const reservation = heldReservation(input, apiKeyId, input.amountNano, 0n, at);
+    memory.hold(reservation);
+    numberHold(database, input.accountId);
+    return {
+      reservation,
+      before: balanceBefore(balance),
+      availableNano: balance.usdAvailableNano - input.amountNano,
+      stamp: changeStamp ? accountStamp(database, changeStamp, input.accountId) : undefined,
+      within: undefined,
+    };
   }
 
   /**

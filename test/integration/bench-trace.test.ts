@@ -43,12 +43,14 @@ test('the hooks stamp each request of the real server: arrival, statements, answ
   expect(requests).toHaveLength(12);
   for (const request of requests) {
     const labels = request.map((s) => s.label);
-    // The reservation's transaction (its lock of the account: the hold is in memory, held-reservations.ts),
-    // committed before the answer's end (the admission's counts are held by the process and written behind:
-    // held-counts.ts); the reservation's row is the capture's.
+    // The reservation: one read of the account and its key, outside any transaction (held in memory:
+    // held-reservations.ts, Database.readNow), before the answer's end; the reservation's row is the capture's
+    // (the admission's counts are held by the process and written behind: held-counts.ts).
     const reserved = labels.indexOf('sql select accounts');
-    expect(reserved).toBeGreaterThan(labels.indexOf('sql begin immediate'));
-    expect(labels.indexOf('sql commit', reserved)).toBeLessThan(labels.indexOf('end'));
+    expect(reserved).toBeGreaterThanOrEqual(0);
+    expect(reserved).toBeLessThan(labels.indexOf('end'));
+    const begun = labels.indexOf('sql begin immediate');
+    if (begun >= 0) expect(begun).toBeGreaterThan(reserved);
     expect(labels.indexOf('end')).toBeLessThan(labels.indexOf('ended'));
     expect(labels).toContain('finish');
     // Every statement's stamp is followed by its end.

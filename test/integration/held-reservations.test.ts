@@ -249,9 +249,11 @@ test('behavior: a hold whose transaction does not commit is let go; a capture th
   const ledger = createLedger(failing, { now: clock.now, holdsInMemory: true });
   const held = heldReservationsOf(failing);
   const accountId = await funded(10n * USD);
+  // A reservation with the caller's statements (the JSON-RPC caps') is made in a transaction, which fails.
   failNext = true;
+  const within = async () => 'admitted';
   await expect(
-    ledger.reserve({ accountId, amountNano: 6n * USD, requestId: 'f1', ttlMs: 60_000 }),
+    ledger.reserveWith({ accountId, amountNano: 6n * USD, requestId: 'f1', ttlMs: 60_000 }, within),
   ).rejects.toThrow('the commit failed');
   expect(held.usdOf(accountId)).toBe(0n);
   const { reservation } = await ledger.reserve({
@@ -276,4 +278,38 @@ test('behavior: a hold whose transaction does not commit is let go; a capture th
   expect(held.usdOf(accountId)).toBe(6n * USD);
   expect(await ledger.release(reservation.id)).toMatchObject({ released: true });
   expect(held.usdOf(accountId)).toBe(0n);
+});
+
+test('behavior: a reservation made at once reads only what is committed: with a transaction open it waits for it', async () => {
+  const ledger = ledgerOf();
+  const accountId = await funded(USD);
+  // A transaction that credits the account, then fails while it is still open.
+  let fail!: () => void;
+  const failing = new Promise<void>((resolve) => {
+    fail = resolve;
+  });
+  const credit = database.transaction(async (trx) => {
+    await trx
+      .updateTable('accounts')
+      .set((eb) => ({ usd_balance_nano: eb('usd_balance_nano', '+', 10n * USD) }))
+      .where('id', '=', accountId)
+      .execute();
+    await failing;
+    throw new Error('undone');
+  });
+  await new Promise((resolve) => setTimeout(resolve, 20));
+  const reserving = ledger.reserve({ accountId, amountNano: 5n * USD, requestId: 'u1', ttlMs: 60_000 });
+  fail();
+  await expect(credit).rejects.toThrow('undone');
+  // Not the credit that was never committed: what the account has.
+  await expect(reserving).rejects.toBeInstanceOf(InsufficientBalanceError);
+  // Nothing open: at once, no transaction.
+  const { reservation } = await ledger.reserve({
+    accountId,
+    amountNano: USD,
+    requestId: 'u2',
+    ttlMs: 60_000,
+  });
+  expect(heldReservationsOf(database).get(reservation.id)).toEqual(reservation);
+  await ledger.release(reservation.id);
 });
