@@ -91,8 +91,9 @@ export type Database = {
    * compiled read (`compiledOnce`'s, on the runner it is given), at once and synchronously when no
    * transaction is open on the connection, and answers its rows before anything else of the process can run:
    * what it read is the file as last committed, and stays so until the caller's turn ends. Undefined when a
-   * transaction is open (a commit group's writes, not yet committed, would be read): the caller reads in a
-   * transaction of its own then. What a reservation held in memory reads (held-reservations.ts).
+   * transaction is open (a commit group's writes, not yet committed, would be read), and while others write
+   * (group-commit.ts, `shared`): the caller reads in a transaction of its own then. What a reservation held in
+   * memory reads (held-reservations.ts).
    */
   readNow?<R>(statement: (runner: StatementRunner) => Promise<R[]>): R[] | undefined;
   /**
@@ -317,7 +318,10 @@ function openSqlite(filename: string, memory: boolean, options: CreateDatabaseOp
     readNow: lock
       ? undefined
       : <R>(statement: (runner: StatementRunner) => Promise<R[]>): R[] | undefined => {
-          if (sqlite.inTransaction) return undefined;
+          // Also not while others write (a group of more than one committed in the last QUIET_MS): a loaded
+          // process's reservations share their groups' turns, as before (bench/HISTORY.md, forty-third round:
+          // made at once there, 8% fewer chats a second at 16 connections).
+          if (sqlite.inTransaction || group.shared()) return undefined;
           readRows = undefined;
           // The rows are taken from the runner: the promise would hand them over a turn of microtasks later. A
           // statement that fails throws here, synchronously; one that could not be built rejects (told below).

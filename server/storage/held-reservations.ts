@@ -7,9 +7,10 @@
  * crash undid by the expiry sweep only. Here a reservation reads the account as before and checks it against
  * its balance less the rows' reserved sum less what is held here; it holds in memory and writes nothing. A
  * reservation of free USD (no DIEM stake, no spend limit on its key, none of the caller's statements) runs no
- * transaction at all when none is open on the connection: its one read runs at once and synchronously
- * (Database.readNow), and the check and the hold follow in the same turn; otherwise its transaction runs as
- * before (SQLite's write lock orders it with every capture of the account). The row is written
+ * transaction at all when none is open on the connection and the process is not loaded (no group of several
+ * committed lately): its one read runs at once and synchronously (Database.readNow), and the check and the
+ * hold follow in the same turn; otherwise its transaction runs as before (SQLite's write lock orders it with
+ * every capture of the account). The row is written
  * once, settled: by the capture (status `captured`, in the capture's transaction, before the CHARGE entries
  * that refer to it), the release (`released`) or the sweep (`expired`). A crash loses the holds and nothing
  * else: no money had moved.
