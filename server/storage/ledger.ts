@@ -690,6 +690,11 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   }
 
   // The statements of every reservation and capture, compiled once (see compiledOnce).
+  /**
+   * A reservation's row: `held` (a reservation in the rows, `settledAtMs` null), or written once settled (one
+   * held in memory: held-reservations.ts). Exactly these values (an INSERT without ON CONFLICT writes it or
+   * throws): not read back.
+   */
   const insertReservation = compiledOnce(
     (
       id: string,
@@ -700,8 +705,10 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       usdNano: bigint,
       diemNano: bigint,
       epochDay: number,
+      status: ReservationStatus,
       createdAtMs: number,
       expiresAtMs: number,
+      settledAtMs: number | null,
     ) =>
       db.insertInto('reservations').values({
         id,
@@ -712,49 +719,19 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
         usd_nano: usdNano,
         diem_nano: diemNano,
         epoch_day: epochDay,
-        status: 'held',
-        created_at_ms: createdAtMs,
-        expires_at_ms: expiresAtMs,
-        settled_at_ms: null,
-      }),
-  );
-  /** The row of a reservation held in memory, written once it settles (held-reservations.ts). */
-  const insertSettled = compiledOnce(
-    (
-      id: string,
-      accountId: string,
-      apiKeyId: string | null,
-      requestId: string,
-      modelId: string | null,
-      usdNano: bigint,
-      epochDay: number,
-      status: 'captured' | 'released' | 'expired',
-      createdAtMs: number,
-      expiresAtMs: number,
-      settledAtMs: number,
-    ) =>
-      db.insertInto('reservations').values({
-        id,
-        account_id: accountId,
-        api_key_id: apiKeyId,
-        request_id: requestId,
-        model_id: modelId,
-        usd_nano: usdNano,
-        diem_nano: 0n,
-        epoch_day: epochDay,
         status,
         created_at_ms: createdAtMs,
         expires_at_ms: expiresAtMs,
         settled_at_ms: settledAtMs,
       }),
   );
-  const writeSettled = (
+  const writeReservation = (
     trx: Transaction<Tables>,
     reservation: Reservation,
-    status: 'captured' | 'released' | 'expired',
-    at: number,
+    status: ReservationStatus,
+    settledAtMs: number | null,
   ) =>
-    insertSettled(
+    insertReservation(
       trx,
       reservation.id,
       reservation.accountId,
@@ -762,11 +739,12 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       reservation.requestId,
       reservation.modelId,
       reservation.usdNano,
+      reservation.diemNano,
       reservation.epochDay,
       status,
       reservation.createdAtMs,
       reservation.expiresAtMs,
-      at,
+      settledAtMs,
     );
   /**
    * Settles a reservation held in memory without capturing it (`released`, `expired`): its row written so; the
@@ -775,7 +753,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   const settleHeld = (reservationId: string, status: 'released' | 'expired', at: number) =>
     memory
       ? memory.settle(reservationId, async (reservation): Promise<Reservation> => {
-          await database.transaction((trx) => writeSettled(trx, reservation, status, at));
+          await database.transaction((trx) => writeReservation(trx, reservation, status, at));
           return extend(reservation, { status, settledAtMs: at });
         })
       : NOT_HELD;
@@ -1757,20 +1735,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
         memory?.hold(reservation);
         heldInMemory(reservation);
       } else {
-        // The row is exactly these values (an INSERT without ON CONFLICT writes it or throws): not read back.
-        await insertReservation(
-          trx,
-          reservation.id,
-          reservation.accountId,
-          reservation.apiKeyId,
-          reservation.requestId,
-          reservation.modelId,
-          reservation.usdNano,
-          reservation.diemNano,
-          reservation.epochDay,
-          reservation.createdAtMs,
-          reservation.expiresAtMs,
-        );
+        await writeReservation(trx, reservation, 'held', null);
         if (usdPart > 0n) await addReserved(trx, usdPart, input.accountId);
         await bumpDiem(trx, input.accountId, epochDay, { reservedNano: diemPart });
       }
@@ -2226,7 +2191,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       let row: ClaimedReservation | undefined;
       if (fromMemory) {
         // Before the entries, which refer to it.
-        await writeSettled(trx, reservation, 'captured', at);
+        await writeReservation(trx, reservation, 'captured', at);
         row = claimedAs(reservation);
         if (settlesUsd) await settleAccount(trx, usdCharged, 0n, reservation.accountId);
         [account] = await selectSettled(trx, reservation.accountId);
