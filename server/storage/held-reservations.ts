@@ -96,11 +96,6 @@ export function createHeldReservations() {
       return total;
     },
 
-    /** How many reservations are held. */
-    size(): number {
-      return records.size;
-    },
-
     /** Holds `reservation` (USD only: its `diemNano` is 0); the caller checked it fits, in the same turn. */
     hold(reservation: Reservation): void {
       const record: Record = { reservation, settling: undefined };

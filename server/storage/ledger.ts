@@ -43,7 +43,7 @@ import {
   StorageError,
 } from './errors.ts';
 import { EAGER } from './group-commit.ts';
-import { heldReservationsOf, heldUsdOf, NOT_HELD } from './held-reservations.ts';
+import { heldReservationsOf, NOT_HELD } from './held-reservations.ts';
 import {
   assertAmount,
   compiledOnce,
@@ -467,18 +467,23 @@ export function balanceOfRow(row: BalanceRow, heldNano = 0n): Balance {
 }
 
 /** An account row with `heldNano` (USD held in memory for it) added to its reserved sum. */
-function withHeld<
-  Row extends { usd_balance_nano: bigint; usd_reserved_nano: bigint; diem_stake_nano: bigint },
->(
-  account: Row,
-  heldNano: bigint,
-): { usd_balance_nano: bigint; usd_reserved_nano: bigint; diem_stake_nano: bigint } {
+type AccountFigures = { usd_balance_nano: bigint; usd_reserved_nano: bigint; diem_stake_nano: bigint };
+function withHeld(account: AccountFigures, heldNano: bigint): AccountFigures {
   if (heldNano === 0n) return account;
   return {
     usd_balance_nano: account.usd_balance_nano,
     usd_reserved_nano: account.usd_reserved_nano + heldNano,
     diem_stake_nano: account.diem_stake_nano,
   };
+}
+
+/** The refusal of a reservation of `requiredNano` that `balance` cannot cover. */
+function insufficient(requiredNano: bigint, balance: Balance): InsufficientBalanceError {
+  return new InsufficientBalanceError({
+    requiredNano,
+    usdAvailableNano: balance.usdAvailableNano,
+    diemAvailableNano: balance.diemAvailableNano,
+  });
 }
 
 /** The part of a balance the `x-service-balance-*` headers report (BalanceBefore). */
@@ -1624,7 +1629,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     at: number,
   ): (ReserveResult & { within: undefined }) | undefined {
     if (!memory || !database.readNow) return undefined;
-    let account: { usd_balance_nano: bigint; usd_reserved_nano: bigint; diem_stake_nano: bigint } | undefined;
+    let account: AccountFigures | undefined;
     // Whether the key charged is the account's (its limits are looked at below); true without one.
     let keyFound = true;
     if (apiKeyId === null) {
@@ -1646,13 +1651,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       usedNano: 0n,
       reservedNano: 0n,
     });
-    if (input.amountNano > balance.usdAvailableNano) {
-      throw new InsufficientBalanceError({
-        requiredNano: input.amountNano,
-        usdAvailableNano: balance.usdAvailableNano,
-        diemAvailableNano: 0n,
-      });
-    }
+    if (input.amountNano > balance.usdAvailableNano) throw insufficient(input.amountNano, balance);
     if (!keyFound && apiKeyId !== null) throw new NotFoundError('api key', apiKeyId);
     const reservation = heldReservation(input, apiKeyId, input.amountNano, 0n, at);
     memory.hold(reservation);
@@ -1695,13 +1694,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       const balance = balanceOf(withHeld(account, memory?.usdOf(input.accountId) ?? 0n), usage);
       const diemPart = minBig(input.amountNano, balance.diemAvailableNano);
       const usdPart = input.amountNano - diemPart;
-      if (usdPart > balance.usdAvailableNano) {
-        throw new InsufficientBalanceError({
-          requiredNano: input.amountNano,
-          usdAvailableNano: balance.usdAvailableNano,
-          diemAvailableNano: balance.diemAvailableNano,
-        });
-      }
+      if (usdPart > balance.usdAvailableNano) throw insufficient(input.amountNano, balance);
       if (apiKeyId !== null) {
         if (!key) throw new NotFoundError('api key', apiKeyId);
         if (key.limit_usd_nano !== null || key.limit_diem_nano !== null) {
@@ -1760,7 +1753,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       // One statement: the account and its DIEM counters of the day.
       const [row] = await selectBalance(db, epochDayOf(at), accountId);
       if (!row) throw new NotFoundError('account', accountId);
-      return balanceOfRow(row, heldUsdOf(database, accountId));
+      return balanceOfRow(row, memory?.usdOf(accountId));
     },
 
     /**

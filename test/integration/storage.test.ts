@@ -98,27 +98,18 @@ async function runWorker(url: string, accountId: string, amount: bigint, attempt
 let postgres: StartedPostgres | undefined;
 let suiteCounter = 0;
 
+/** A SQLite file in a directory of its own (made on open). */
+async function sqliteFile(): Promise<Opened> {
+  const dir = await mkdtemp(join(tmpdir(), 'svc-sqlite-'));
+  return {
+    url: `sqlite:${join(dir, 'nested', 'service.db')}`,
+    cleanup: () => rm(dir, { recursive: true, force: true }),
+  };
+}
+
 const engines: Array<[string, () => Promise<Opened>]> = [
-  [
-    'sqlite',
-    async () => {
-      const dir = await mkdtemp(join(tmpdir(), 'svc-sqlite-'));
-      return {
-        url: `sqlite:${join(dir, 'nested', 'service.db')}`,
-        cleanup: () => rm(dir, { recursive: true, force: true }),
-      };
-    },
-  ],
-  [
-    'sqlite, holds in memory',
-    async () => {
-      const dir = await mkdtemp(join(tmpdir(), 'svc-sqlite-'));
-      return {
-        url: `sqlite:${join(dir, 'nested', 'service.db')}`,
-        cleanup: () => rm(dir, { recursive: true, force: true }),
-      };
-    },
-  ],
+  ['sqlite', sqliteFile],
+  ['sqlite, holds in memory', sqliteFile],
   [
     'postgres',
     async () => {
