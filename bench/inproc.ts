@@ -64,6 +64,12 @@ const wallet = wallets
   ? await wallets.fundedWallet(url, target === 'chat-wallet-solana' ? 'solana' : 'evm')
   : undefined;
 const anvil = target === 'rpc' ? await startAnvil() : undefined;
+/** `BENCH_ENV`: settings of the server to compare (a JSON object of environment variables, as `AB_B_ENV`). */
+const benchEnv = (): Record<string, string> => {
+  const given: unknown = JSON.parse(process.env.BENCH_ENV ?? '{}');
+  if (!given || typeof given !== 'object' || Array.isArray(given)) throw new Error('BENCH_ENV is a JSON object');
+  return Object.fromEntries(Object.entries(given).map(([name, value]) => [name, String(value)]));
+};
 const config = loadConfig({
   NODE_ENV: 'production',
   LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? 'warn',
@@ -74,8 +80,9 @@ const config = loadConfig({
   RPC_CREDITS_PER_DAY: '1000000000000',
   // Counting instructions (BENCH_MARKS=1, about 50 times slower): no work on timers in the measured requests.
   ...(process.env.BENCH_MARKS === '1' ? { API_KEY_CACHE_TTL_MS: '60000' } : {}),
-  // A setting to compare (`SQLITE_MEMORY_HOLDS=false`: the reservations held in their rows).
+  // A setting to compare (`SQLITE_MEMORY_HOLDS=false`: the reservations held in their rows), or any in BENCH_ENV.
   ...(process.env.SQLITE_MEMORY_HOLDS ? { SQLITE_MEMORY_HOLDS: process.env.SQLITE_MEMORY_HOLDS } : {}),
+  ...benchEnv(),
   ...(anvil ? { RPC_UPSTREAM_BASE_MAINNET: anvil.url } : {}),
   // The public origin the wallet's sign-ins are signed for.
   ...(wallets ? wallets.walletEnv : {}),
