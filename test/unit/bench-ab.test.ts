@@ -5,13 +5,22 @@
 import { expect, test } from 'vitest';
 import { type AbRound, renderAb, type Side, summarize } from '../../bench/ab.ts';
 
-const side = (adapter: number, rpc: number, chats: number, writes = 20, walletChats = Number.NaN): Side => ({
+const side = (
+  adapter: number,
+  rpc: number,
+  chats: number,
+  writes = 20,
+  walletChats = Number.NaN,
+  loaded: { rpc: number; adapter: number } = { rpc: Number.NaN, adapter: Number.NaN },
+): Side => ({
   adapterP50Us: adapter,
   adapterP99Us: adapter * 3,
   rpcP50Us: rpc,
   rpcP99Us: rpc * 3,
   chatsPerSecond: chats,
   walletChatsPerSecond: walletChats,
+  rpcPerSecond: loaded.rpc,
+  adapterPerSecond: loaded.adapter,
   adapterReads: 5,
   adapterWrites: writes,
   rpcReads: 4,
@@ -101,4 +110,24 @@ test('behavior: the wallet-paid chats (AB_WALLET) are reported only when measure
     deltaBFirst: -100,
   });
   expect(rows.map((r) => r.label).indexOf('wallet-paid chats/s at 16 connections (AB_WALLET)')).toBe(5);
+});
+
+test('behavior: the JSON-RPC calls and adapter chats under load (AB_LOADED) are reported only when measured', () => {
+  expect(summarize(rounds).some((r) => r.label.includes('AB_LOADED'))).toBe(false);
+  const rows = summarize([
+    {
+      startedFirst: 'A',
+      a: side(1, 1, 1, 20, Number.NaN, { rpc: 7000, adapter: 4000 }),
+      b: side(1, 1, 1, 20, Number.NaN, { rpc: 7400, adapter: 3900 }),
+    },
+  ]);
+  expect(rows.find((r) => r.label.startsWith('JSON-RPC calls/s'))).toMatchObject({
+    label: 'JSON-RPC calls/s at 16 connections (AB_LOADED)',
+    a: 7000,
+    b: 7400,
+    bBetter: 1,
+    deltaAFirst: 400,
+  });
+  expect(rows.find((r) => r.label.startsWith('adapter chats/s'))).toMatchObject({ b: 3900, bBetter: 0 });
+  expect(rows.some((r) => r.label.startsWith('wallet-paid'))).toBe(false);
 });
