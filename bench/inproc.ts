@@ -67,7 +67,8 @@ const anvil = target === 'rpc' ? await startAnvil() : undefined;
 /** `BENCH_ENV`: settings of the server to compare (a JSON object of environment variables, as `AB_B_ENV`). */
 const benchEnv = (): Record<string, string> => {
   const given: unknown = JSON.parse(process.env.BENCH_ENV ?? '{}');
-  if (!given || typeof given !== 'object' || Array.isArray(given)) throw new Error('BENCH_ENV is a JSON object');
+  if (!given || typeof given !== 'object' || Array.isArray(given))
+    throw new Error('BENCH_ENV is a JSON object');
   return Object.fromEntries(Object.entries(given).map(([name, value]) => [name, String(value)]));
 };
 const config = loadConfig({

@@ -160,8 +160,6 @@ export async function createServices(
     reserved(principal, before) {
       if (!balancesBefore.has(principal)) balancesBefore.set(principal, before);
     },
-    // A lone request's answer does not wait for its capture; with others in flight, answers wait (ChargesDeps).
-    answersWait: () => inFlight.count() > 1,
     detachedFailed(reservation, error) {
       logger.error(
         { err: error, reservationId: reservation.id, requestId: reservation.requestId },

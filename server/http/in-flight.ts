@@ -1,7 +1,6 @@
 /**
  * The requests this process is serving: counted from the request's arrival to its response's end (or the
- * connection's close). What some decisions depend on (whether an answer waits for its capture, whether the
- * event loop polls) and a gauge.
+ * connection's close). What a decision depends on (whether the event loop polls) and a gauge.
  */
 import type { ServerResponse } from 'node:http';
 

@@ -3,9 +3,8 @@
  * was really used, release the rest. Storage refusals become the interface's 402 bodies here, once, for every
  * domain.
  */
-// From node:perf_hooks and node:timers, not the globals: fake timers in tests replace the globals.
+// From node:perf_hooks, not the global: fake timers in tests replace the globals.
 import { performance } from 'node:perf_hooks';
-import { setImmediate } from 'node:timers';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
 import { InsufficientBalanceError, KeySpendLimitError } from '../../storage/errors.ts';
@@ -33,14 +32,6 @@ export type ChargesDeps = {
   ): ApiError;
   /** Told of every reservation made: the caller it was made for, and the balance the hold found. */
   reserved?(principal: Principal, before: BalanceBefore): void;
-  /**
-   * Whether the answer of a request waits for its capture (captureDetached) at this moment (default: never).
-   * When the process serves other requests, answers written after their shared commit keep it at its most
-   * requests per second (measured: 8 to 10% more than answers that do not wait, whose captures share fewer
-   * pages per commit); a lone request gains the commit's time (100 to 150 µs on SQLite, a round trip on
-   * PostgreSQL) by not waiting.
-   */
-  answersWait?(): boolean;
   /** Told of a detached capture that failed (captureDetached): it was undone; nothing was charged. */
   detachedFailed?(reservation: Reservation, error: unknown): void;
   /** A monotonic clock in ms (default `performance.now`): how old what `holdsAhead` judges by is. */
@@ -62,11 +53,6 @@ export type DetachedCapture = {
   usdNano: bigint;
   diemNano: bigint;
   done: Promise<void>;
-  /**
-   * What the answer waits for before it is written: the capture itself when answers should wait for their
-   * captures now (ChargesDeps.answersWait), otherwise nothing.
-   */
-  answerAfter: Promise<void> | undefined;
 };
 
 export const INSUFFICIENT_BALANCE_MESSAGE =
@@ -246,18 +232,18 @@ export function createCharges(deps: ChargesDeps) {
     /**
      * `captureWith` without the caller waiting for it (`within` may still be on its way: a promise of it, which
      * must not reject). It charges exactly what `captureWith` would, and those amounts are known from the
-     * reservation and the items, so the answer that reports them can be written while the capture commits
-     * (unless answers wait for their captures now: `answerAfter`, ChargesDeps.answersWait). It starts once the
-     * caller's turn is over (its microtasks run out, `process.nextTick`): the answer, written in them, leaves
-     * before the capture's statements are built, about 10 µs sooner (bench/HISTORY.md, thirty-first round).
-     * When answers wait, it starts a turn of the event loop later (`setImmediate`, after the poll phase): the
-     * requests of a loaded process then reach their captures in step, and their captures share a commit with
-     * more of the others' writes (bench/HISTORY.md, thirty-fourth round: without the turn, 11 to 15% fewer
-     * chats a second at 16 connections). The reservation already holds the money, so nothing can be overspent
-     * meanwhile. Should the capture fail, the reservation is released and `undo` runs (the caller's own
-     * holds): nothing is charged, and `detachedFailed` is told. Until it is done, `settled(accountId)` waits
-     * for it: whatever must see the account as the request left it (the next request of the account, a
-     * balance read, a header reporting the balance after the request) waits there.
+     * reservation and the items, so the answer that reports them is written while the capture commits, alone
+     * or under load. (Until the forty-fourth round, answers waited for their captures while other requests
+     * were in flight: measured in the tenth round, their shared commits kept the most requests per second;
+     * since reservations and rate-limit counts are held in memory, answers that do not wait serve as many
+     * chats and about 5% more JSON-RPC calls and adapter chats: bench/HISTORY.md.) It starts once the caller's
+     * turn is over (its microtasks run out, `process.nextTick`): the answer, written in them, leaves before the
+     * capture's statements are built, about 10 µs sooner (bench/HISTORY.md, thirty-first round). The
+     * reservation already holds the money, so nothing can be overspent meanwhile. Should the capture fail, the
+     * reservation is released and `undo` runs (the caller's own holds): nothing is charged, and
+     * `detachedFailed` is told. Until it is done, `settled(accountId)` waits for it: whatever must see the
+     * account as the request left it (the next request of the account, a balance read, a header reporting the
+     * balance after the request) waits there.
      */
     captureDetached<T>(
       reservation: Reservation,
@@ -267,8 +253,7 @@ export function createCharges(deps: ChargesDeps) {
     ): DetachedCapture {
       const amounts = captureAmounts(reservation, { items });
       const accountId = reservation.accountId;
-      const answerWaits = deps.answersWait?.() === true;
-      const done = new Promise<void>((resolve) => (answerWaits ? setImmediate : process.nextTick)(resolve))
+      const done = new Promise<void>((resolve) => process.nextTick(resolve))
         .then(() => within)
         .then((statements) => deps.ledger.captureWith(reservation, { items }, statements))
         .then(
@@ -294,7 +279,6 @@ export function createCharges(deps: ChargesDeps) {
         usdNano: amounts.usdNano,
         diemNano: amounts.diemNano,
         done,
-        answerAfter: answerWaits ? done : undefined,
       };
     },
 

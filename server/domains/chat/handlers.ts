@@ -212,7 +212,6 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
         throw toApiError(error);
       }
       settlement = chat.settle(prepared, usage, produced());
-      if (settlement.answerAfter) await settlement.answerAfter;
     } finally {
       clearTimeout(timeout);
       prepared.done();
@@ -388,7 +387,6 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
             return;
           }
           const settlement = chat.settle(prepared, usage, produced);
-          if (settlement.answerAfter) await settlement.answerAfter;
           await send(
             extend(base, {
               choices: [],

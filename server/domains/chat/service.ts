@@ -129,8 +129,6 @@ export type PendingHold = {
 export type Settlement = {
   usage: ProviderUsage;
   cost: { usd: number; diem: number };
-  /** What the answer waits for before it is written (DetachedCapture.answerAfter). */
-  answerAfter: Promise<void> | undefined;
 };
 
 /** A provider failure as the interface's status. */
@@ -592,7 +590,7 @@ export function createChatService(deps: ChatServiceDeps) {
     /**
      * Captures what the request used (or, when it was cut short, what it had produced) without waiting for
      * the capture (Charges.captureDetached): the settlement is known at once from the reservation and the
-     * usage, so the answer that reports it can be written while the capture commits (`answerAfter`).
+     * usage, so the answer that reports it is written while the capture commits.
      */
     settle(prepared: PreparedChat, usage: ProviderUsage | undefined, producedText: string): Settlement {
       const final: ProviderUsage = usage ?? {
@@ -604,7 +602,7 @@ export function createChatService(deps: ChatServiceDeps) {
       };
       const reservation = prepared.reservation;
       // A hold refused (or never made): nothing was handed on, and nothing is held to charge.
-      if (!reservation) return { usage: final, cost: { usd: 0, diem: 0 }, answerAfter: undefined };
+      if (!reservation) return { usage: final, cost: { usd: 0, diem: 0 } };
       // A count that cannot be made (its tier unknown) is skipped, as a failed count never fails the capture.
       const count = deps
         .tokenCount?.(prepared.principal, prepared.model.id, final.promptTokens + final.completionTokens)
@@ -617,7 +615,6 @@ export function createChatService(deps: ChatServiceDeps) {
       return {
         usage: final,
         cost: { usd: nanoToUsdNumber(capture.usdNano), diem: nanoToUsdNumber(capture.diemNano) },
-        answerAfter: capture.answerAfter,
       };
     },
 

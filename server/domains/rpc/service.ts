@@ -248,7 +248,7 @@ export function createRpcService(deps: RpcServiceDeps) {
       if (costNano > 0n) {
         // The answer need not wait for its capture (captureDetached): the reservation already holds the
         // money, and a capture that fails gives back everything this call took.
-        const capture = deps.charges.captureDetached(
+        deps.charges.captureDetached(
           reservation,
           [
             {
@@ -263,7 +263,6 @@ export function createRpcService(deps: RpcServiceDeps) {
           () => deps.credits.giveBack({ subject, bucketMs, credits: plan.worstCase }),
         );
         held = false;
-        if (capture.answerAfter) await capture.answerAfter;
       } else {
         await deps.charges.release(reservation);
         held = false;
