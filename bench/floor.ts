@@ -11,20 +11,21 @@
  *
  * - `POST /chat`: a non-streamed chat's writes: in one transaction the caller's account and key read under
  *   the write lock, the reservation held in memory against them (as one server process on SQLite holds it:
- *   server/storage/held-reservations.ts); in the next event-loop turn (the work), in another transaction the
- *   reservation's row written settled, the account charged, two ledger entries (input and output tokens); then
- *   a JSON answer. Its three rate-limit windows and its tokens are counted in memory and written
- *   behind every 50 ms, as one server process on SQLite does (`countHeld`).
+ *   server/storage/held-reservations.ts); in the next event-loop turn (the work), a JSON answer, and in
+ *   another transaction, which the answer does not wait for (the server's `Charges.captureDetached`; until the
+ *   forty-fourth round the answer came after it), the reservation's row written settled, the account
+ *   charged, two ledger entries (input and output tokens). Its three rate-limit windows and its tokens are
+ *   counted in memory and written behind every 50 ms, as one server process on SQLite does (`countHeld`).
  * - `POST /rpc`: a JSON-RPC call's writes around a forward to `FLOOR_UPSTREAM`: the reservation before (its
- *   per-minute count held in memory as a chat's windows are), the capture (one ledger entry) after; the
- *   upstream's bytes.
+ *   per-minute count held in memory as a chat's windows are); the upstream's bytes, then the capture (one
+ *   ledger entry), which the answer does not wait for (until the forty-fourth round it came after it).
  * - `POST /proxy`: the forward alone, no writes: what a bare proxy adds on this machine.
  * - `POST /upstream`: a streamed chat through an OpenAI-compatible upstream (`FLOOR_CHAT_UPSTREAM`'s
  *   `/v1/chat/completions`), as the server's upstream adapter does it: the chat's reservation (its three
  *   rate-limit windows counted in memory) before; the upstream's events parsed as they come, each re-emitted
  *   to the client with the request's id and model, its usage taken; then the final frames and,
  *   in the same event-loop turn, the capture (two ledger entries; the tokens counted in memory), which the
- *   answer does not wait for when it is alone (the server's `Charges.captureDetached`).
+ *   answer does not wait for (the server's `Charges.captureDetached`).
  *
  * The forwards go out as the server's do: undici's dispatcher with kept-alive connections per upstream and a
  * handler's callbacks (`server/providers/upstream-connections.ts`), so that the floor stays below what the
@@ -389,10 +390,15 @@ function chat(res: ServerResponse, billed: Billed): void {
       ],
       36n,
     );
-  // The work takes the next event-loop turn, as the local engine's does.
+  // The work takes the next event-loop turn, as the local engine's does; the answer does not wait for the
+  // capture (the server's Charges.captureDetached, since the forty-fourth round under load too).
   inGroup(
     () => reserve(billed, [`${base}:TPM`, `${base}:RPD`, `${base}:RPM`]),
-    () => setImmediate(() => inGroup(charge, answer)),
+    () =>
+      setImmediate(() => {
+        answer();
+        inGroup(charge, () => {});
+      }),
     true,
   );
 }
@@ -403,11 +409,13 @@ function rpc(res: ServerResponse, billed: Billed, payload: Buffer, failed: () =>
     () =>
       forward(
         payload,
-        (status, answer) =>
+        (status, answer) => {
+          reply(res, status, answer);
           inGroup(
             () => capture(billed, [{ sku: 'rpc_credits', units: 20n, priceNano: 700n }]),
-            () => reply(res, status, answer),
-          ),
+            () => {},
+          );
+        },
         failed,
       ),
     true,

@@ -105,8 +105,14 @@ test("the floor writes a chat's and an RPC call's rows, and forwards without wri
     expect(bare.status).toBe(200);
     expect(forwarded).toBe(2);
 
-    const reservations = db.prepare('select status, count(*) as n from reservations group by status').all();
-    expect(reservations).toEqual([{ status: 'captured', n: 4n }]);
+    // The answers do not wait for their captures (as the server's): the rows are there once they commit.
+    await vi.waitFor(
+      () =>
+        expect(db.prepare('select status, count(*) as n from reservations group by status').all()).toEqual([
+          { status: 'captured', n: 4n },
+        ]),
+      { timeout: 5_000, interval: 20 },
+    );
     const entries = db
       .prepare(`select sku, count(*) as n, sum(amount_nano) as total from ledger_entries
                   where type = 'CHARGE' group by sku order by sku`)
