@@ -2182,25 +2182,23 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     return database.transaction(async (trx) => {
       let account: { usd_balance_nano: bigint; diem_stake_nano: bigint } | undefined;
       let row: ClaimedReservation | undefined;
-      if (fromMemory) {
-        // Before the entries, which refer to it.
-        await writeReservation(trx, reservation, 'captured', at);
-        row = claimedAs(reservation);
-        if (settlesUsd) await settleAccount(trx, usdCharged, 0n, reservation.accountId);
-        [account] = await selectSettled(trx, reservation.accountId);
-        if (!account) throw new NotFoundError('account', reservation.accountId);
-      } else if (dialect === 'sqlite') {
-        // One writer at a time: the claim comes first and proves the figures by what it changed.
-        const claim = await claimAsStored(
-          trx,
-          at,
-          reservation.id,
-          reservation.accountId,
-          reservation.usdNano,
-          reservation.diemNano,
-          reservation.epochDay,
-        );
-        if (claim.numAffectedRows !== 1n) return refuseClaim(trx, reservation.id);
+      if (fromMemory || dialect === 'sqlite') {
+        if (fromMemory) {
+          // Its row, written settled before the entries, which refer to it.
+          await writeReservation(trx, reservation, 'captured', at);
+        } else {
+          // One writer at a time: the claim comes first and proves the figures by what it changed.
+          const claim = await claimAsStored(
+            trx,
+            at,
+            reservation.id,
+            reservation.accountId,
+            reservation.usdNano,
+            reservation.diemNano,
+            reservation.epochDay,
+          );
+          if (claim.numAffectedRows !== 1n) return refuseClaim(trx, reservation.id);
+        }
         row = claimedAs(reservation);
         if (settlesUsd) await settleAccount(trx, usdCharged, releasedNano, reservation.accountId);
         [account] = await selectSettled(trx, reservation.accountId);
