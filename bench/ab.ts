@@ -17,7 +17,8 @@
  * measured this way, and counted too: each server's main thread's read and write system calls per
  * one-at-a-time request (counters.ts), which the load does not move. Knobs: `AB_ROUNDS` (default 6, rounded
  * up to even), `AB_COUNT` (requests per one-at-a-time measurement, default 2000), `AB_DURATION` (seconds per
- * throughput run, default 3), `AB_A_ENV` and `AB_B_ENV` (JSON objects added to each server's environment:
+ * throughput run, default 3), `AB_WARMUP` (seconds each server's chats, JSON-RPC calls and adapter chats, and
+ * wallet chats with `AB_WALLET`, run under load after it starts, not recorded; default 2, 0 for none), `AB_A_ENV` and `AB_B_ENV` (JSON objects added to each server's environment:
  * `AB_B_ENV='{"IDLE_POLL_US":"0"}'` with `<rev>` HEAD compares a setting; each server's standard output goes to
  * a file, so `LOG_LEVEL=info` on both sides measures what operators get), `AB_DATABASE` (`sqlite`, the
  * default, or `postgres`: each server on a database of its own in one throwaway PostgreSQL,
@@ -38,7 +39,7 @@ import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
 import { countedLatencies, type ThreadCounters } from './counters.ts';
-import { headersPerConnection, median, type Target, throughput } from './measure.ts';
+import { headersPerConnection, median, type Target, throughput, warmUp } from './measure.ts';
 import { cleanUpOnInterrupt, startFlags, startNodeChild, stopAll, track } from './processes.ts';
 import {
   adapterTarget,
@@ -238,6 +239,7 @@ async function main(): Promise<void> {
   const rounds = Math.ceil(envInt('AB_ROUNDS', 6) / 2) * 2;
   const count = envInt('AB_COUNT', 2000);
   const duration = envInt('AB_DURATION', 3);
+  const warmupS = envInt('AB_WARMUP', 2);
   const envA = envOf('AB_A_ENV');
   const envB = envOf('AB_B_ENV');
   const engine = process.env.AB_DATABASE ?? 'sqlite';
@@ -320,6 +322,18 @@ async function main(): Promise<void> {
       };
       const servers = {} as Record<'A' | 'B', Awaited<ReturnType<typeof start>>>;
       for (const side of inOrder(startedFirst)) servers[side] = await start(side);
+      // Each server's paths under load before the half's rounds, in the half's order, not recorded
+      // (measure.ts, `warmUp`): a fresh server's first round read about a quarter slower than its next.
+      for (const side of inOrder(startedFirst)) {
+        const { child, key, funded } = servers[side];
+        const targets = [
+          localChatTarget(child.origin, key),
+          rpcTarget(child.origin, key),
+          adapterTarget(child.origin, key),
+        ];
+        if (funded && wallets) targets.push(wallets.walletChatTarget(child.origin, funded));
+        await warmUp(targets, warmupS, 16);
+      }
       try {
         for (let round = 0; round < rounds / 2; round++) {
           const sides = {} as Record<'A' | 'B', Side>;

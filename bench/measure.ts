@@ -40,6 +40,23 @@ export type Throughput = {
 };
 
 /**
+ * Each target under load for `seconds` at `connections`, one after the other, not recorded (none when `seconds`
+ * is 0): V8 compiles a server's hot code over its first thousands of requests, and a measurement of a fresh
+ * server reads that. Without it `npm run bench`'s first round of two workers read 3,409 chats/s against 7,494
+ * in its third (fortieth round), and each half of `bench:ab` read its first round about a quarter slower than
+ * the next on both sides (forty-fifth round). A signed target signs during the run (no pool).
+ */
+export async function warmUp(
+  targets: readonly Target[],
+  seconds: number,
+  connections: number,
+  run: (target: Target, seconds: number, connections: number) => Promise<unknown> = throughput,
+): Promise<void> {
+  if (seconds <= 0) return;
+  for (const target of targets) await run(target, seconds, connections);
+}
+
+/**
  * How many of a signed target's headers to sign for each connection before a throughput run of `seconds`,
  * when `rps` bounds what the target can serve (the same request with an API key, measured earlier in the same
  * round: a wallet's sign-in only adds work): 30% above that bound spread over the connections, plus `margin`

@@ -43,6 +43,7 @@ import {
   type Target,
   type Throughput,
   throughput,
+  warmUp,
 } from './measure.ts';
 import { type Child, cleanUpOnInterrupt, rssOf, startNodeChild, stopAll, track } from './processes.ts';
 import { type Report, renderMarkdown, renderTable } from './report.ts';
@@ -417,16 +418,16 @@ async function main(): Promise<Report> {
     }
   }
 
-  // Each throughput target under load once before the rounds, not recorded: V8 compiles a server's hot code on
-  // its threads over its first thousands of requests, and two workers (each its own V8) take twice as many.
-  // Without it the first round of the `WORKERS=2` row read 3,409 chats/s and 163 µs of other threads a chat,
-  // its second 6,062, its third 7,494 (bench/HISTORY.md, fortieth round).
-  if (settings.warmupS > 0) {
-    log(`warming every throughput target up (${settings.warmupS} s each)`);
-    for (const { target } of throughputTargets) {
-      await throughput(target, settings.warmupS, settings.connections);
-    }
-  }
+  // Each throughput target under load once before the rounds, not recorded (measure.ts, `warmUp`): two workers
+  // (each its own V8) take twice as many requests to compile their hot code. Without it the first round of the
+  // `WORKERS=2` row read 3,409 chats/s and 163 µs of other threads a chat, its second 6,062, its third 7,494
+  // (bench/HISTORY.md, fortieth round).
+  if (settings.warmupS > 0) log(`warming every throughput target up (${settings.warmupS} s each)`);
+  await warmUp(
+    throughputTargets.map(({ target }) => target),
+    settings.warmupS,
+    settings.connections,
+  );
 
   const runs = new Map<string, Throughput[]>(throughputTargets.map((t) => [t.id, []]));
   // What each target's server process and the client (this process: autocannon) spent per request meanwhile.

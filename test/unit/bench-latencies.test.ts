@@ -6,7 +6,7 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterEach, expect, test } from 'vitest';
-import { latencies, latency, requestsServed, type Target } from '../../bench/measure.ts';
+import { latencies, latency, requestsServed, type Target, warmUp } from '../../bench/measure.ts';
 
 const servers: Server[] = [];
 afterEach(async () => {
@@ -85,4 +85,27 @@ test('requestsServed tells what each target was sent after its warm-up, as the t
   expect(requestsServed(2, 7, 3)).toBe(10);
   // One target: its requests in one turn, none uncounted.
   expect(requestsServed(1, 250)).toBe(250);
+});
+
+test('a warm-up loads each target in turn for its seconds, and none with 0 seconds', async () => {
+  const calls: string[] = [];
+  const run = async (target: Target, seconds: number, connections: number) => {
+    calls.push(`${target.url} ${seconds}s x${connections}`);
+  };
+  const targets: Target[] = [
+    { url: 'http://127.0.0.1:1/chat', method: 'POST' },
+    { url: 'http://127.0.0.1:1/rpc', method: 'POST' },
+  ];
+  await warmUp(targets, 2, 16, run);
+  expect(calls).toEqual(['http://127.0.0.1:1/chat 2s x16', 'http://127.0.0.1:1/rpc 2s x16']);
+  calls.length = 0;
+  await warmUp(targets, 0, 16, run);
+  expect(calls).toEqual([]);
+});
+
+test('a warm-up with the real load reaches the target before the measurement', async () => {
+  const log: string[] = [];
+  const target = await recorder('W', log, new Set());
+  await warmUp([target], 1, 2);
+  expect(log.length).toBeGreaterThan(0);
 });
