@@ -18,7 +18,8 @@
  * one-at-a-time request (counters.ts), which the load does not move. Knobs: `AB_ROUNDS` (default 6, rounded
  * up to even), `AB_COUNT` (requests per one-at-a-time measurement, default 2000), `AB_DURATION` (seconds per
  * throughput run, default 3), `AB_WARMUP` (seconds each server's chats, JSON-RPC calls and adapter chats, and
- * wallet chats with `AB_WALLET`, run under load after it starts, not recorded; default 2, 0 for none), `AB_A_ENV` and `AB_B_ENV` (JSON objects added to each server's environment:
+ * wallet chats with `AB_WALLET`, run under load after it starts, not recorded; default 2, 0 for none),
+ * `AB_A_ENV` and `AB_B_ENV` (JSON objects added to each server's environment:
  * `AB_B_ENV='{"IDLE_POLL_US":"0"}'` with `<rev>` HEAD compares a setting; each server's standard output goes to
  * a file, so `LOG_LEVEL=info` on both sides measures what operators get), `AB_DATABASE` (`sqlite`, the
  * default, or `postgres`: each server on a database of its own in one throwaway PostgreSQL,
