@@ -46,6 +46,7 @@ import {
   adapterTarget,
   catalogOverride,
   envInt,
+  envObject,
   fundedKey,
   localChatTarget,
   nodeTarget,
@@ -191,14 +192,6 @@ export function renderAb(rev: string, rows: readonly SummaryRow[]): string {
   ].join('\n');
 }
 
-const envOf = (name: string): Record<string, string> => {
-  const text = process.env[name];
-  if (!text) return {};
-  const parsed: unknown = JSON.parse(text);
-  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed))
-    throw new Error(`${name} must be a JSON object of variables`);
-  return Object.fromEntries(Object.entries(parsed).map(([k, v]) => [k, String(v)]));
-};
 /**
  * `fundedKey` as the revision in `tree` has it, in a process of its own: its migrations make the file, which
  * the newer ones of this tree would mark as ahead of that revision's server.
@@ -241,8 +234,8 @@ async function main(): Promise<void> {
   const count = envInt('AB_COUNT', 2000);
   const duration = envInt('AB_DURATION', 3);
   const warmupS = envInt('AB_WARMUP', 2);
-  const envA = envOf('AB_A_ENV');
-  const envB = envOf('AB_B_ENV');
+  const envA = envObject('AB_A_ENV');
+  const envB = envObject('AB_B_ENV');
   const engine = process.env.AB_DATABASE ?? 'sqlite';
   if (engine !== 'sqlite' && engine !== 'postgres') throw new Error('AB_DATABASE must be sqlite or postgres');
   const walletKind = walletKindOf(process.env.AB_WALLET);

@@ -29,7 +29,7 @@ import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
 import { startPostgres } from '../test/support/postgres.ts';
 import { startNodeChild } from './processes.ts';
-import { catalogOverride, fundedKey } from './setup.ts';
+import { catalogOverride, envObject, fundedKey } from './setup.ts';
 
 // The server as `npm start` runs it: compiled without `keepNames` (bench/inproc-server.ts); with BENCH_TSX=1,
 // through this process's `tsx` loader instead (each closure then renamed with `Object.defineProperty`).
@@ -64,13 +64,6 @@ const wallet = wallets
   ? await wallets.fundedWallet(url, target === 'chat-wallet-solana' ? 'solana' : 'evm')
   : undefined;
 const anvil = target === 'rpc' ? await startAnvil() : undefined;
-/** `BENCH_ENV`: settings of the server to compare (a JSON object of environment variables, as `AB_B_ENV`). */
-const benchEnv = (): Record<string, string> => {
-  const given: unknown = JSON.parse(process.env.BENCH_ENV ?? '{}');
-  if (!given || typeof given !== 'object' || Array.isArray(given))
-    throw new Error('BENCH_ENV is a JSON object');
-  return Object.fromEntries(Object.entries(given).map(([name, value]) => [name, String(value)]));
-};
 const config = loadConfig({
   NODE_ENV: 'production',
   LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? 'warn',
@@ -83,7 +76,8 @@ const config = loadConfig({
   ...(process.env.BENCH_MARKS === '1' ? { API_KEY_CACHE_TTL_MS: '60000' } : {}),
   // A setting to compare (`SQLITE_MEMORY_HOLDS=false`: the reservations held in their rows), or any in BENCH_ENV.
   ...(process.env.SQLITE_MEMORY_HOLDS ? { SQLITE_MEMORY_HOLDS: process.env.SQLITE_MEMORY_HOLDS } : {}),
-  ...benchEnv(),
+  // `BENCH_ENV`: settings of the server to compare (a JSON object of environment variables, as `AB_B_ENV`).
+  ...envObject('BENCH_ENV'),
   ...(anvil ? { RPC_UPSTREAM_BASE_MAINNET: anvil.url } : {}),
   // The public origin the wallet's sign-ins are signed for.
   ...(wallets ? wallets.walletEnv : {}),

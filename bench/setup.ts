@@ -137,6 +137,19 @@ export function envInt(name: string, fallback: number): number {
   return Number.isSafeInteger(value) && value > 0 ? value : fallback;
 }
 
+/**
+ * The environment variables given as a JSON object in the environment variable `name` (`AB_B_ENV`,
+ * `BENCH_ENV`), their values as strings; none when it is unset. Throws when it is not a JSON object.
+ */
+export function envObject(name: string): Record<string, string> {
+  const text = process.env[name];
+  if (!text) return {};
+  const parsed: unknown = JSON.parse(text);
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed))
+    throw new Error(`${name} must be a JSON object of variables`);
+  return Object.fromEntries(Object.entries(parsed).map(([k, v]) => [k, String(v)]));
+}
+
 /** A non-streamed chat on the local engine, on the server at `origin` with `key`. */
 export const localChatTarget = (origin: string, key: string): Target => ({
   url: `${origin}/api/v1/chat/completions`,
