@@ -1,6 +1,7 @@
 /**
  * Group commit for SQLite: the write transactions that are waiting while one runs are run after it inside the
- * same database transaction, each in its own savepoint, and committed together. On this engine a commit is
+ * same database transaction, each in its own savepoint (opened before its first statement that may write: one
+ * that only reads has nothing to undo), and committed together. On this engine a commit is
  * the dear part of a small write transaction (the WAL frames of every page it dirtied, written with one
  * system call each); shared pages (the account row, the last leaf of each index) are written once per group
  * instead of once per transaction.
@@ -133,33 +134,84 @@ export class TransactionEndedError extends Error {
 }
 
 /**
+ * Whether `text` certainly writes nothing: a plain SELECT (SQLite has no SELECT that writes; this schema defines
+ * no function that does). Anything else (INSERT, UPDATE, DELETE, a WITH, a pragma, a raw statement) counts
+ * as a write, which costs at worst a savepoint opened for nothing.
+ */
+export function onlyReads(text: string): boolean {
+  return /^\s*select\b/i.test(text);
+}
+
+/**
  * The groups' transaction: its statements run on the connection a group holds, and only while one does. Its
  * `executeQuery` (what compiledOnce's hot statements call) runs the statement straight on that connection
  * (directRunner); the statements of query builders go through Kysely's executor to the same connection.
+ *
+ * A function's savepoint is opened before its first statement that may write (`savepoint`, set by
+ * `inSavepoint`), not before the function: one that only reads (a reservation held in memory, which checks the
+ * account and writes nothing) needs nothing undone, and costs the group no SAVEPOINT and RELEASE.
  */
 function groupsTransaction<DB>(
   reusable: ReusableTransaction<DB>,
   executeQuery: ReturnType<typeof directRunner>['executeQuery'] | undefined,
+  raw: RawStatement,
 ) {
   const state = {
     connection: undefined as DatabaseConnection | undefined,
     trx: undefined as unknown as Transaction<DB>,
+    /** The savepoint of the running function, to open before its first write; undefined once opened. */
+    savepoint: undefined as string | undefined,
+  };
+  /** Opens the running function's savepoint before a statement that may write (throws what SAVEPOINT throws). */
+  const beforeStatement = (text: string) => {
+    const name = state.savepoint;
+    if (name === undefined || onlyReads(text)) return;
+    raw(`savepoint ${name}`);
+    state.savepoint = undefined;
+  };
+  // The connection as the group's statements see it: each statement after the savepoint it may need.
+  const connection: DatabaseConnection = {
+    executeQuery(query) {
+      const held = state.connection;
+      if (!held) return Promise.reject(new TransactionEndedError());
+      try {
+        beforeStatement(query.sql);
+      } catch (error) {
+        return Promise.reject(error);
+      }
+      return held.executeQuery(query);
+    },
+    streamQuery(query, chunkSize) {
+      const held = state.connection;
+      if (!held) throw new TransactionEndedError();
+      beforeStatement(query.sql);
+      return held.streamQuery(query, chunkSize);
+    },
   };
   const provider: ConnectionProvider = {
     provideConnection(consumer) {
-      const connection = state.connection;
-      return connection ? consumer(connection) : Promise.reject(new TransactionEndedError());
+      return state.connection ? consumer(connection) : Promise.reject(new TransactionEndedError());
     },
   };
   state.trx = reusable(provider);
   if (executeQuery) {
     Object.defineProperty(state.trx, 'executeQuery', {
-      value: <R>(query: CompiledQuery<R> | Compilable<R>) =>
-        state.connection ? executeQuery(query) : Promise.reject(new TransactionEndedError()),
+      value: <R>(query: CompiledQuery<R> | Compilable<R>) => {
+        if (!state.connection) return Promise.reject(new TransactionEndedError());
+        const compiled = 'compile' in query ? query.compile() : query;
+        try {
+          beforeStatement(compiled.sql);
+        } catch (error) {
+          return Promise.reject(error);
+        }
+        return executeQuery(compiled);
+      },
     });
   }
   return state;
 }
+
+type GroupsTransaction<DB> = ReturnType<typeof groupsTransaction<DB>>;
 
 type Waiting<DB> = {
   fn: (trx: Transaction<DB>) => Promise<unknown>;
@@ -225,35 +277,41 @@ export function groupCommitting<DB>(
 ): GroupCommitting<DB> {
   const executor = db.getExecutor();
   // Made by the first group, used by every group.
-  let shared: ReturnType<typeof groupsTransaction<DB>> | undefined;
+  let shared: GroupsTransaction<DB> | undefined;
   const queue: Waiting<DB>[] = [];
   let draining = false;
   // Until when the eager transactions still wait their turn: QUIET_MS after the last shared group.
   let sharedUntil = 0;
 
-  /** Runs `next` in a savepoint of the open transaction; its result, or undefined when it failed (undone). */
-  async function inSavepoint(trx: Transaction<DB>, next: Waiting<DB>, name: string) {
-    try {
-      raw(`savepoint ${name}`);
-    } catch (error) {
-      next.reject(error);
-      throw error;
-    }
+  /**
+   * Runs `next` in a savepoint of the open transaction, opened before its first statement that may write
+   * (groupsTransaction); its result, or undefined when it failed (its writes undone).
+   */
+  async function inSavepoint(group: GroupsTransaction<DB>, next: Waiting<DB>, name: string) {
+    group.savepoint = name;
     let result: unknown;
     try {
-      result = await next.fn(trx);
+      result = await next.fn(group.trx);
     } catch (error) {
+      const opened = group.savepoint === undefined;
+      group.savepoint = undefined;
       next.reject(error);
       // Undo only this function's writes; should that be impossible the group cannot be trusted.
-      raw(`rollback to savepoint ${name}`);
-      raw(`release savepoint ${name}`);
+      if (opened) {
+        raw(`rollback to savepoint ${name}`);
+        raw(`release savepoint ${name}`);
+      }
       return undefined;
     }
-    try {
-      raw(`release savepoint ${name}`);
-    } catch (error) {
-      next.reject(error);
-      throw error;
+    const opened = group.savepoint === undefined;
+    group.savepoint = undefined;
+    if (opened) {
+      try {
+        raw(`release savepoint ${name}`);
+      } catch (error) {
+        next.reject(error);
+        throw error;
+      }
     }
     return completed(next, result);
   }
@@ -266,7 +324,7 @@ export function groupCommitting<DB>(
     let members = 1;
     try {
       await executor.provideConnection(async (connection) => {
-        shared ??= groupsTransaction(reusable, direct && directRunner(direct).executeQuery);
+        shared ??= groupsTransaction(reusable, direct && directRunner(direct).executeQuery, raw);
         const group = shared;
         // Reported as `begin`, as Kysely's driver reports a transaction's start on either engine.
         if (lock) await beginWhenFree(lock);
@@ -283,7 +341,7 @@ export function groupCommitting<DB>(
           }
           while (queue.length > 0 && done.length < maxGroup) {
             members++;
-            const item = await inSavepoint(group.trx, queue.shift() as Waiting<DB>, `group_${done.length}`);
+            const item = await inSavepoint(group, queue.shift() as Waiting<DB>, `group_${done.length}`);
             if (item) done.push(item);
           }
           raw('commit');

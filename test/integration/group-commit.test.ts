@@ -303,6 +303,68 @@ describe('group commit (SQLite)', () => {
     expect(statements.some((s) => s.startsWith('rollback to savepoint'))).toBe(true);
   });
 
+  test('behavior: a member opens its savepoint before its first write: one that only reads opens none, and one that fails after reading and writing is undone alone', async () => {
+    await appendOne('before');
+    statements.length = 0;
+    /** Reads the labels (a query builder's statement and a compiled one); writes nothing. */
+    const readOnly = (fail: boolean) =>
+      database.transaction(async (trx) => {
+        const { rows } = await sql<{ label: string }>`select label from items order by n`.execute(trx);
+        const compiled = await trx.executeQuery(
+          sql<{ count: bigint }>`select count(*) as count from items`.compile(database.db),
+        );
+        if (fail) throw new Error('refused after reading');
+        return [rows.map((r) => r.label), compiled.rows[0]?.count];
+      });
+    /** Reads, writes (a compiled statement), then fails: its write must not survive. */
+    const writesThenFails = () =>
+      database.transaction(async (trx) => {
+        await sql`select count(*) from items`.execute(trx);
+        await trx.executeQuery(sql`insert into items (n, label) values (${500}, ${'undone'})`.compile(trx));
+        throw new Error('refused after writing');
+      });
+    const outcomes = await Promise.allSettled([
+      appendOne('a'),
+      readOnly(false),
+      writesThenFails(),
+      readOnly(true),
+      appendOne('b'),
+    ]);
+    expect(outcomes.map((o) => o.status)).toEqual([
+      'fulfilled',
+      'fulfilled',
+      'rejected',
+      'rejected',
+      'fulfilled',
+    ]);
+    // The reader saw the group's earlier write (serial order), uncommitted.
+    expect((outcomes[1] as PromiseFulfilledResult<unknown>).value).toEqual([['before', 'a'], 2n]);
+    expect((outcomes[2] as PromiseRejectedResult).reason.message).toBe('refused after writing');
+    expect((outcomes[3] as PromiseRejectedResult).reason.message).toBe('refused after reading');
+    expect(committedLabels()).toEqual(['before', 'a', 'b']);
+    // One group: the first member without a savepoint (as ever); the readers without one; the writer that failed
+    // opened its savepoint after its read and before its write, and rolled back to it; the last writer's too.
+    expect(statements).toEqual([
+      'begin',
+      'select count(*) as count from items',
+      'insert into items (n, label) values (?, ?)',
+      'select label from items order by n',
+      'select count(*) as count from items',
+      'select count(*) from items',
+      'savepoint group_2',
+      'insert into items (n, label) values (?, ?)',
+      'rollback to savepoint group_2',
+      'release savepoint group_2',
+      'select label from items order by n',
+      'select count(*) as count from items',
+      'select count(*) as count from items',
+      'savepoint group_2',
+      'insert into items (n, label) values (?, ?)',
+      'release savepoint group_2',
+      'commit',
+    ]);
+  });
+
   test('behavior: a failing first transaction is rolled back alone; those waiting behind it commit', async () => {
     let release: () => void = () => {};
     const gate = new Promise<void>((resolve) => {
