@@ -61,33 +61,50 @@ export type HeldCounts = ReturnType<typeof createHeldCounts>;
 export function createHeldCounts(options: HeldCountsOptions) {
   const flushMs = options.flushMs ?? FLUSH_MS;
   const capacity = options.capacity ?? CAPACITY;
-  const held = new Map<string, HeldCount>();
+  // By bucket, then by window start: a lookup makes no key string and, given the same bucket string as before
+  // (the rate limiter's are made once per caller and model), hashes nothing (V8 keeps a string's hash).
+  const held = new Map<string, Map<number, HeldCount>>();
+  /** Windows held (over every bucket). */
+  let size = 0;
   const dirty = new Set<HeldCount>();
   let timer: NodeJS.Timeout | undefined;
   let writing: Promise<void> | undefined;
   let sweptAt = options.now();
   let closed = false;
 
-  const keyOf = (bucket: string, start: number) => `${start}:${bucket}`;
+  const find = (bucket: string, start: number) => held.get(bucket)?.get(start);
+  function keep(count: HeldCount) {
+    let windows = held.get(count.bucket);
+    if (!windows) {
+      windows = new Map();
+      held.set(count.bucket, windows);
+    }
+    windows.set(count.start, count);
+    size++;
+  }
 
   // Not zero either way: a count taken back (`add` of a negative cost) is written too.
   const pending = (count: HeldCount) => count.unwritten !== 0 || count.writing !== 0;
 
   /**
-   * Lets go of the windows that ended, and past the capacity of the oldest held, whose rows have their
-   * counts: a window let go is read from its row again. Only here, in a timer's turn: a read of a row and the
+   * Lets go of the windows that ended, and past the capacity those of the buckets held longest, whose rows
+   * have their counts: a window let go is read from its row again. Only here, in a timer's turn: a read of a row and the
    * window's count made from it happen in one turn (promises only), so no window is let go between them.
    */
   function sweep(at: number) {
-    let over = held.size - capacity;
+    let over = size - capacity;
     if (over <= 0 && at - sweptAt < SWEEP_MS) return;
     sweptAt = at;
-    for (const [key, count] of held) {
-      if (pending(count)) continue;
-      if (count.endMs <= at || over > 0) {
-        held.delete(key);
-        over--;
+    for (const [bucket, windows] of held) {
+      for (const [start, count] of windows) {
+        if (pending(count)) continue;
+        if (count.endMs <= at || over > 0) {
+          windows.delete(start);
+          size--;
+          over--;
+        }
       }
+      if (windows.size === 0) held.delete(bucket);
     }
   }
 
@@ -146,7 +163,7 @@ export function createHeldCounts(options: HeldCountsOptions) {
   function lookup(windows: readonly HeldWindow[]): HeldCount[] | undefined {
     const found: HeldCount[] = [];
     for (const window of windows) {
-      const count = held.get(keyOf(window.bucket, window.start));
+      const count = find(window.bucket, window.start);
       if (!count) return undefined;
       found.push(count);
     }
@@ -165,12 +182,11 @@ export function createHeldCounts(options: HeldCountsOptions) {
       for (;;) {
         const found = lookup(windows);
         if (found) return found;
-        const missing = windows.find((window) => !held.has(keyOf(window.bucket, window.start))) as HeldWindow;
+        const missing = windows.find((window) => !find(window.bucket, window.start)) as HeldWindow;
         const used = await options.read(missing.bucket, missing.start, runner);
-        const key = keyOf(missing.bucket, missing.start);
         // Another request may have read it meanwhile (and counted in it): that one stays.
-        if (!held.has(key))
-          held.set(key, {
+        if (!find(missing.bucket, missing.start))
+          keep({
             bucket: missing.bucket,
             start: missing.start,
             endMs: missing.resetAtMs,
@@ -203,6 +219,6 @@ export function createHeldCounts(options: HeldCountsOptions) {
     },
 
     /** Windows held (for tests). */
-    size: () => held.size,
+    size: () => size,
   };
 }

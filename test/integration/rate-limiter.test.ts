@@ -197,6 +197,57 @@ describe.each([
       );
       expect(asked).toEqual([true, false]);
     });
+
+    test("behavior: the buckets of each caller and model, remembered after the first admission, are the same at every admission and token count, a key's apart from a wallet's with the same id", async () => {
+      const asked: string[][] = [];
+      const spying = createRateLimiter({
+        rateLimits: {
+          ...rateLimits,
+          admit(input) {
+            asked.push(input.windows.map((w) => w.bucket));
+            return rateLimits.admit(input);
+          },
+          hitAlong(input) {
+            asked.push([input.bucket]);
+            return rateLimits.hitAlong(input);
+          },
+        },
+        catalog: createCatalogService(buildCatalog([{ path: DEFAULT_CATALOG_PATH, text: shipped }])),
+        now: () => nowMs,
+      });
+      nowMs += 2 * 86_400_000;
+      // A key of its own: the rows of `principal`'s key are checked below.
+      const { key } = await createApiKeys(database).create({
+        accountId: principal.accountId,
+        keyType: 'INFERENCE',
+      });
+      const caller: ApiKeyPrincipal = { ...principal, keyId: key.id };
+      // A wallet whose account id is the key's id: its buckets are still a wallet's.
+      const wallet = {
+        kind: 'wallet' as const,
+        accountId: caller.keyId,
+        walletAddress: '0x2222222222222222222222222222222222222222',
+      };
+      await spying.admit(caller, 'paid', MODEL);
+      await spying.admit(caller, 'paid', MODEL);
+      spying.tokenCount(caller, 'paid', MODEL, 10);
+      await spying.admit(caller, 'paid', undefined);
+      await spying.admit(wallet, 'paid', MODEL);
+      await spying.admit(caller, 'paid', undefined);
+      const base = `key:${caller.keyId}:model:${MODEL}`;
+      expect(asked).toEqual([
+        [`${base}:TPM`, `${base}:RPD`, `${base}:RPM`],
+        [`${base}:TPM`, `${base}:RPD`, `${base}:RPM`],
+        [`${base}:TPM`],
+        [`key:${caller.keyId}:manage:RPM`],
+        [
+          `wallet:${caller.keyId}:model:${MODEL}:TPM`,
+          `wallet:${caller.keyId}:model:${MODEL}:RPD`,
+          `wallet:${caller.keyId}:model:${MODEL}:RPM`,
+        ],
+        [`key:${caller.keyId}:manage:RPM`],
+      ]);
+    });
   });
 
   test('behavior: the rows hold every count once written (at once in the rows; held, after a flush)', async () => {

@@ -227,6 +227,12 @@ describe('local engine golden outputs', () => {
       const tokens = usage?.type === 'usage' ? usage.usage.completionTokens : 0;
       const deltas = gathered.filter((e) => e.type === 'delta').length;
       expect(deltas, c.name).toBeLessThanOrEqual(c.request.n * 4 + Math.ceil(tokens / 16) * 2);
+      // Read whole, no delta carries nothing (a stream's opening chunk is a stream's alone).
+      const empty = gathered.filter(
+        (e) =>
+          e.type === 'delta' && !e.content && !e.reasoning && !e.toolCalls?.length && !e.logprobs?.length,
+      );
+      expect(empty, c.name).toEqual([]);
     }
     expect(wholeEvents).toBeLessThan(tokenEvents / 4);
   });

@@ -34,6 +34,47 @@ export type Admission = { headers: ReplyHeaders };
 const subjectOf = (p: Principal) => (p.kind === 'apiKey' ? `key:${p.keyId}` : `wallet:${p.accountId}`);
 const typeOf = (p: Principal) => (p.kind === 'apiKey' ? 'api_key' : 'user');
 
+/** A caller's buckets for one model. */
+type ModelBuckets = { tpm: string; rpd: string; rpm: string };
+type SubjectBuckets = { manage: string; models: Map<string, ModelBuckets> };
+
+/** Callers whose bucket names are remembered, per kind (a bounded memo: the same names either way). */
+const REMEMBERED_SUBJECTS = 10_000;
+
+/**
+ * The bucket names of each caller, made at its first admission and the same string objects at every one after:
+ * held counts are found by bucket (held-counts.ts), and V8 keeps a string's hash, so an admission builds and
+ * hashes no name (three to four a chat before, each made by concatenation, flattened and hashed).
+ */
+function bucketNames() {
+  const byKey = new Map<string, SubjectBuckets>();
+  const byWallet = new Map<string, SubjectBuckets>();
+  const of = (principal: Principal): SubjectBuckets => {
+    const remembered = principal.kind === 'apiKey' ? byKey : byWallet;
+    const id = principal.kind === 'apiKey' ? principal.keyId : principal.accountId;
+    let names = remembered.get(id);
+    if (!names) {
+      if (remembered.size >= REMEMBERED_SUBJECTS) remembered.clear();
+      names = { manage: `${subjectOf(principal)}:manage:RPM`, models: new Map() };
+      remembered.set(id, names);
+    }
+    return names;
+  };
+  return {
+    manage: (principal: Principal) => of(principal).manage,
+    model(principal: Principal, modelId: string): ModelBuckets {
+      const models = of(principal).models;
+      let names = models.get(modelId);
+      if (!names) {
+        const base = `${subjectOf(principal)}:model:${modelId}`;
+        names = { tpm: `${base}:TPM`, rpd: `${base}:RPD`, rpm: `${base}:RPM` };
+        models.set(modelId, names);
+      }
+      return names;
+    },
+  };
+}
+
 export type RateLimiter = ReturnType<typeof createRateLimiter>;
 
 /**
@@ -44,6 +85,7 @@ export type TokenCount = ((runner?: StatementRunner) => Promise<void>) & { embed
 
 export function createRateLimiter(deps: RateLimiterDeps) {
   const now = deps.now ?? Date.now;
+  const buckets = bucketNames();
 
   async function refuse(
     principal: Principal,
@@ -87,7 +129,7 @@ export function createRateLimiter(deps: RateLimiterDeps) {
     if (!limit || !Number.isSafeInteger(tokens) || tokens <= 0) return undefined;
     // The window is the one the request finished in, whenever the statement runs.
     const input = {
-      bucket: `${subjectOf(principal)}:model:${modelId}:TPM`,
+      bucket: buckets.model(principal, modelId).tpm,
       windowMs: MINUTE,
       // Counted even past the limit: the work is done; the next request is the one refused.
       limit: Number.MAX_SAFE_INTEGER,
@@ -109,13 +151,12 @@ export function createRateLimiter(deps: RateLimiterDeps) {
      */
     async admit(principal: Principal, tier: string, requestedModel: string | undefined): Promise<Admission> {
       const at = now();
-      const subject = subjectOf(principal);
       const model = requestedModel ? deps.catalog.resolveModel(requestedModel)?.model : undefined;
       const limits = model?.rateLimits[tier];
       if (!model || !limits) {
         const limit = deps.managementRequestsPerMinute ?? 600;
         const admission = await deps.rateLimits.admit({
-          windows: [{ bucket: `${subject}:manage:RPM`, windowMs: MINUTE, limit }],
+          windows: [{ bucket: buckets.manage(principal), windowMs: MINUTE, limit }],
           now: at,
         });
         const [minute] = admission.windows as [HitResult];
@@ -129,7 +170,7 @@ export function createRateLimiter(deps: RateLimiterDeps) {
           },
         };
       }
-      const base = `${subject}:model:${model.id}`;
+      const names = buckets.model(principal, model.id);
       // Checked in this order, which is also the order of precedence when several refuse: the tokens (room
       // left, counted after the request), the day's requests, the minute's requests. One statement counts
       // the request in all of them, or in none when one refuses.
@@ -137,14 +178,14 @@ export function createRateLimiter(deps: RateLimiterDeps) {
       if (limits.tokensPerMinute)
         windows.push({
           type: 'TPM',
-          bucket: `${base}:TPM`,
+          bucket: names.tpm,
           windowMs: MINUTE,
           limit: limits.tokensPerMinute,
           peek: true,
         });
       if (limits.requestsPerDay)
-        windows.push({ type: 'RPD', bucket: `${base}:RPD`, windowMs: DAY, limit: limits.requestsPerDay });
-      windows.push({ type: 'RPM', bucket: `${base}:RPM`, windowMs: MINUTE, limit: limits.requestsPerMinute });
+        windows.push({ type: 'RPD', bucket: names.rpd, windowMs: DAY, limit: limits.requestsPerDay });
+      windows.push({ type: 'RPM', bucket: names.rpm, windowMs: MINUTE, limit: limits.requestsPerMinute });
       // An API-key request's admission, while others write, waits for the next commit group and shares its
       // commit (5 to 10% more chats a second at 16 connections). Not a wallet's: its sign-in has written a
       // nonce already and checked a signature, and there the wait cost more than the commit it saved (9% fewer

@@ -747,7 +747,8 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
         const tool = pickTool(request);
         let finish: FinishReason = 'stop';
         let emitted = 0;
-        yield { type: 'delta', index, content: '' };
+        // A stream's opening chunk of the choice; read whole, it would add nothing (one turn of the caller less).
+        if (!readWhole) yield { type: 'delta', index, content: '' };
         // Tagged reasoning travels in `content` (the older format); the domain may strip it.
         const thinking = new Deltas(index, reasoning?.tags ? 'content' : 'reasoning', readWhole);
         // Reasoning first, within the bound.
