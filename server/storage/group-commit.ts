@@ -138,7 +138,7 @@ export class TransactionEndedError extends Error {
  * no function that does). Anything else (INSERT, UPDATE, DELETE, a WITH, a pragma, a raw statement) counts
  * as a write, which costs at worst a savepoint opened for nothing.
  */
-export function onlyReads(text: string): boolean {
+function onlyReads(text: string): boolean {
   return /^\s*select\b/i.test(text);
 }
 

@@ -88,8 +88,9 @@ export function createHeldCounts(options: HeldCountsOptions) {
 
   /**
    * Lets go of the windows that ended, and past the capacity those of the buckets held longest, whose rows
-   * have their counts: a window let go is read from its row again. Only here, in a timer's turn: a read of a row and the
-   * window's count made from it happen in one turn (promises only), so no window is let go between them.
+   * have their counts: a window let go is read from its row again. Only here, in a timer's turn: a read of a
+   * row and the window's count made from it happen in one turn (promises only), so no window is let go
+   * between them.
    */
   function sweep(at: number) {
     let over = size - capacity;
