@@ -162,30 +162,33 @@ function groupsTransaction<DB>(
     /** The savepoint of the running function, to open before its first write; undefined once opened. */
     savepoint: undefined as string | undefined,
   };
-  /** Opens the running function's savepoint before a statement that may write (throws what SAVEPOINT throws). */
-  const beforeStatement = (text: string) => {
+  /**
+   * Why a statement cannot run now: the group has ended, or the running function's savepoint, opened before
+   * its first statement that may write, could not be; undefined when it can run.
+   */
+  const refusal = (text: string): unknown => {
+    if (!state.connection) return new TransactionEndedError();
     const name = state.savepoint;
-    if (name === undefined || onlyReads(text)) return;
-    raw(`savepoint ${name}`);
+    if (name === undefined || onlyReads(text)) return undefined;
+    try {
+      raw(`savepoint ${name}`);
+    } catch (error) {
+      return error;
+    }
     state.savepoint = undefined;
+    return undefined;
   };
   // The connection as the group's statements see it: each statement after the savepoint it may need.
   const connection: DatabaseConnection = {
     executeQuery(query) {
-      const held = state.connection;
-      if (!held) return Promise.reject(new TransactionEndedError());
-      try {
-        beforeStatement(query.sql);
-      } catch (error) {
-        return Promise.reject(error);
-      }
-      return held.executeQuery(query);
+      const refused = refusal(query.sql);
+      if (refused !== undefined) return Promise.reject(refused);
+      return (state.connection as DatabaseConnection).executeQuery(query);
     },
     streamQuery(query, chunkSize) {
-      const held = state.connection;
-      if (!held) throw new TransactionEndedError();
-      beforeStatement(query.sql);
-      return held.streamQuery(query, chunkSize);
+      const refused = refusal(query.sql);
+      if (refused !== undefined) throw refused;
+      return (state.connection as DatabaseConnection).streamQuery(query, chunkSize);
     },
   };
   const provider: ConnectionProvider = {
@@ -197,14 +200,9 @@ function groupsTransaction<DB>(
   if (executeQuery) {
     Object.defineProperty(state.trx, 'executeQuery', {
       value: <R>(query: CompiledQuery<R> | Compilable<R>) => {
-        if (!state.connection) return Promise.reject(new TransactionEndedError());
         const compiled = 'compile' in query ? query.compile() : query;
-        try {
-          beforeStatement(compiled.sql);
-        } catch (error) {
-          return Promise.reject(error);
-        }
-        return executeQuery(compiled);
+        const refused = refusal(compiled.sql);
+        return refused === undefined ? executeQuery(compiled) : Promise.reject(refused);
       },
     });
   }

@@ -399,13 +399,12 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
         return { bucket: window.bucket, start, resetAtMs, limit, cost, cap: window.peek ? limit - 1 : limit };
       });
       // Distinct, by comparison (a few windows: no set of them made and hashed per admission).
-      for (let i = 1; i < windows.length; i++)
+      for (let i = 1; i < windows.length; i++) {
+        const bucket = windows[i]?.bucket;
         for (let j = 0; j < i; j++)
-          if (
-            (windows[i] as (typeof windows)[number]).bucket ===
-            (windows[j] as (typeof windows)[number]).bucket
-          )
+          if (windows[j]?.bucket === bucket)
             throw new InvalidInputError('windows', 'windows must name distinct buckets');
+      }
       if (held) {
         const counts = held.lookup(windows) ?? (await held.counts(windows));
         // From here to the counts added, nothing awaited: no other admission runs in between.
