@@ -62,8 +62,12 @@ export type AppDeps = {
    * Takes one of the caller's in-flight slots before admission (wallets: at most 5 paid requests at once, and
    * the wallet's admission minimum checked with the slot); returns the release, called when the response is
    * over, or throws the ApiError to answer with (429, or the wallet 402 with the slot already freed).
+   * Undefined, not a promise, when the request takes no slot (an API key's).
    */
-  acquireSlot?(input: { operationId: OperationId; principal: Principal }): Promise<(() => void) | undefined>;
+  acquireSlot?(input: {
+    operationId: OperationId;
+    principal: Principal;
+  }): Promise<(() => void) | undefined> | undefined;
   /**
    * What an authenticated request waits for before it is admitted: its account's captures still under way in
    * this process (Charges.settled; undefined when there are none), so that it sees the account as the answers
@@ -72,13 +76,20 @@ export type AppDeps = {
   settled?(accountId: string): Promise<void> | undefined;
   /** Counts every request from its arrival to the end of its response (see http/in-flight.ts). */
   inFlight?: InFlight;
-  /** Headers computed once the handler is done, before the reply is written (`X-Balance-Remaining`). */
-  replyHeaders?(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders>;
+  /**
+   * Headers computed once the handler is done, before the reply is written (`X-Balance-Remaining`); undefined,
+   * not a promise, when the request has none (an API key's).
+   */
+  replyHeaders?(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders> | undefined;
   /**
    * Headers of whatever answers an admitted request, its reply or its error, computed once the handler is done
-   * (the balance before the request). Never throws: what cannot be computed is left out.
+   * (the balance before the request). Never throws: what cannot be computed is left out. The headers
+   * themselves, not a promise, when they are known at once (the balance as the reservation found it).
    */
-  answerHeaders?(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders>;
+  answerHeaders?(input: {
+    operationId: OperationId;
+    principal: Principal;
+  }): ReplyHeaders | Promise<ReplyHeaders>;
 };
 
 /** Names of the x402 payment header; only the top-up operation reads them. */
@@ -283,12 +294,17 @@ export function createApp(deps: AppDeps): App {
   const recordSentBody: RequestHandler = (req, res, next) => {
     const body: unknown = req.body;
     if (body && typeof body === 'object' && !Array.isArray(body)) {
-      (res.locals as Locals).sentBody = Object.fromEntries(
-        Object.entries(body).map(([k, v]) => [
-          k,
-          v && typeof v === 'object' && !Array.isArray(v) ? { ...v } : v,
-        ]),
-      );
+      // Object.fromEntries of the entries, without their arrays.
+      const sent: Record<string, unknown> = {};
+      for (const key of Object.keys(body)) {
+        const v = (body as Record<string, unknown>)[key];
+        const value = v && typeof v === 'object' && !Array.isArray(v) ? { ...v } : v;
+        // JSON's `__proto__` key is a property like any other, not the object's prototype.
+        if (key === '__proto__')
+          Object.defineProperty(sent, key, { value, enumerable: true, writable: true, configurable: true });
+        else sent[key] = value;
+      }
+      (res.locals as Locals).sentBody = sent;
     }
     next();
   };
@@ -333,40 +349,38 @@ export function createApp(deps: AppDeps): App {
       if (!res.writableFinished) ctx.abort();
     });
     const principal = locals.principal;
-    const acquire = () =>
-      deps.acquireSlot && principal
-        ? deps.acquireSlot({ operationId, principal })
-        : Promise.resolve(undefined);
-    const settled = principal ? deps.settled?.(principal.accountId) : undefined;
-    const slot = settled ? settled.then(acquire) : acquire();
-    const admitted = slot.then((release) => {
+    /** Admission, with the caller's slot (released when the response is over) when it took one. */
+    const admit = (release: (() => void) | undefined): Promise<ReplyHeaders> => {
       if (release) res.on('close', release);
       return deps.admit && principal
         ? deps.admit({ operationId, principal, body: req.body })
         : Promise.resolve<ReplyHeaders>({});
-    });
-    admitted
-      .then(async (headers) => {
-        for (const [name, value] of Object.entries(headers)) res.setHeader(name, value);
-        let reply: Reply<OperationId>;
-        try {
-          reply = await handler(ctx as unknown as HandlerContext<OperationId>);
-        } finally {
-          if (deps.answerHeaders && principal) {
-            const answer = await deps.answerHeaders({ operationId, principal });
-            for (const [name, value] of Object.entries(answer)) res.setHeader(name, value);
-          }
+    };
+    const enter = (): Promise<ReplyHeaders> => {
+      const slot = deps.acquireSlot && principal ? deps.acquireSlot({ operationId, principal }) : undefined;
+      return slot ? slot.then(admit) : admit(undefined);
+    };
+    // The hooks that have nothing to wait for answer at once (no slot, the balance known, no reply headers):
+    // a request then awaits only its admission, its handler and a streamed answer.
+    const serve = async (admitted: Promise<ReplyHeaders>): Promise<void> => {
+      setHeaders(res, await admitted);
+      let reply: Reply<OperationId>;
+      try {
+        reply = await handler(ctx as unknown as HandlerContext<OperationId>);
+      } finally {
+        if (deps.answerHeaders && principal) {
+          const answer = deps.answerHeaders({ operationId, principal });
+          setHeaders(res, isPromise(answer) ? await answer : answer);
         }
-        if (deps.replyHeaders && principal) {
-          const after = await deps.replyHeaders({ operationId, principal });
-          reply.headers = Object.assign({}, reply.headers, after);
-        }
-        return reply;
-      })
-      .then(
-        (reply) => writeReply(res, reply, ctx, !config.validateResponses).catch(next),
-        (error: unknown) => next(error),
-      );
+      }
+      const after =
+        deps.replyHeaders && principal ? deps.replyHeaders({ operationId, principal }) : undefined;
+      if (after) reply.headers = Object.assign({}, reply.headers, await after);
+      const written = writeReply(res, reply, ctx, !config.validateResponses);
+      if (written) await written;
+    };
+    const settled = principal ? deps.settled?.(principal.accountId) : undefined;
+    serve(settled ? settled.then(enter) : enter()).catch(next);
   });
 
   // One Express layer for every request (see http/pipeline.ts): the same steps, in this order.
@@ -459,10 +473,12 @@ class OperationContext extends RequestAbort {
   }
 }
 
+const NO_NAMES: ReadonlySet<string> = new Set();
+
 /** The names of the query parameters the client sent (none without a `?`: no URL to parse). */
-function sentQueryNames(url: string): Set<string> {
+function sentQueryNames(url: string): ReadonlySet<string> {
   const at = url.indexOf('?');
-  if (at < 0) return new Set();
+  if (at < 0) return NO_NAMES;
   const hash = url.indexOf('#', at);
   return new Set(new URLSearchParams(url.slice(at + 1, hash < 0 ? undefined : hash)).keys());
 }
@@ -473,17 +489,24 @@ function sentQueryNames(url: string): Set<string> {
  */
 const serializedBodies = new WeakMap<object, Buffer>();
 
-async function writeReply(
+/** Headers given as an object, set on the response. */
+function setHeaders(res: ServerResponse, headers: ReplyHeaders | undefined): void {
+  for (const [name, value] of Object.entries(headers ?? {})) res.setHeader(name, value);
+}
+
+function isPromise<T>(value: T | Promise<T>): value is Promise<T> {
+  return typeof (value as { then?: unknown }).then === 'function';
+}
+
+/** Writes the reply; a promise only for a streamed one (the others are written at once). */
+function writeReply(
   res: ServerResponse & Response,
   reply: Reply<OperationId>,
   cancel: RequestAbort,
   reuseSerialized: boolean,
-) {
-  for (const [name, value] of Object.entries(reply.headers ?? {})) res.setHeader(name, value);
-  if ('stream' in reply) {
-    await reply.stream(res, cancel);
-    return;
-  }
+): Promise<void> | undefined {
+  setHeaders(res, reply.headers);
+  if ('stream' in reply) return reply.stream(res, cancel);
   if ('contentType' in reply) {
     const { status, contentType, body } = reply as { status: number; contentType: string; body: unknown };
     // JSON already serialised (the JSON-RPC proxy's answer, a replayed chat) is written as a JSON answer is
@@ -494,20 +517,21 @@ async function writeReply(
       plainAnswer(res, status)
     ) {
       writeJsonText(res, status, body);
-      return;
+      return undefined;
     }
     res.status(status).type(contentType).send(body);
-    return;
+    return undefined;
   }
   const json = reply as { status: number; body: unknown };
   // Response validation hooks res.json: a validating server always goes through it.
   const { status, body } = json;
   if (!reuseSerialized || body === undefined || !plainAnswer(res, status)) {
     res.status(status).json(body);
-    return;
+    return undefined;
   }
   const shared = body && typeof body === 'object' && Object.isFrozen(body);
   writeJsonText(res, status, shared ? sharedJson(body) : JSON.stringify(body));
+  return undefined;
 }
 
 /** The UTF-8 bytes of a shared frozen body's JSON, made by its first answer. */

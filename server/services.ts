@@ -52,6 +52,9 @@ import { migrate } from './storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from './storage/rate-limits.ts';
 import { createVideoJobs, type VideoJobsRepository } from './storage/video-jobs.ts';
 
+/** No headers to add (shared: never changed). */
+const NO_HEADERS: ReplyHeaders = Object.freeze({});
+
 export type Services = {
   config: Config;
   database: Database;
@@ -317,23 +320,24 @@ export async function createServices(
     contract.operations.filter((op) => op.declaresPaymentRequired).map((op) => op.operationId),
   );
 
+  const balanceHeadersOf = (before: BalanceBefore): ReplyHeaders => ({
+    'x-service-balance-usd': formatUsdFixed(before.usdNano, 8),
+    'x-service-balance-diem': formatUsdFixed(before.diemNano, 8),
+  });
+
   /**
-   * The balance before the request, which every inference answer reports: as its reservation found it, or,
-   * when it reserved nothing (it failed before, or costs nothing), read now (nothing was taken meanwhile).
+   * The balance before the request, which every inference answer reports: as its reservation found it (at
+   * once), or, when it reserved nothing (it failed before, or costs nothing), read now (nothing was taken
+   * meanwhile).
    */
-  async function balanceHeaders(principal: Principal): Promise<ReplyHeaders> {
-    const before =
-      balancesBefore.get(principal) ??
-      (await ledger.getBalance(principal.accountId).then(
-        balanceBefore,
-        // The work is done (or failed for its own reason): a balance that cannot be read is not reported.
-        () => undefined,
-      ));
-    if (!before) return {};
-    return {
-      'x-service-balance-usd': formatUsdFixed(before.usdNano, 8),
-      'x-service-balance-diem': formatUsdFixed(before.diemNano, 8),
-    };
+  function balanceHeaders(principal: Principal): ReplyHeaders | Promise<ReplyHeaders> {
+    const before = balancesBefore.get(principal);
+    if (before) return balanceHeadersOf(before);
+    return ledger.getBalance(principal.accountId).then(
+      (balance) => balanceHeadersOf(balanceBefore(balance)),
+      // The work is done (or failed for its own reason): a balance that cannot be read is not reported.
+      () => NO_HEADERS,
+    );
   }
 
   const app: AppDeps = {
@@ -348,11 +352,14 @@ export async function createServices(
     acquireSlot: (input) => wallet.acquireSlot(input),
     inFlight,
     settled: (accountId) => charges.settled(accountId),
-    async replyHeaders(input) {
+    replyHeaders(input) {
       // `X-Balance-Remaining` is the balance after the request: after its capture, which the reply does not
-      // otherwise wait for (Charges.captureDetached).
-      if (input.principal.kind === 'wallet') await charges.settled(input.principal.accountId);
-      return wallet.replyHeaders(input);
+      // otherwise wait for (Charges.captureDetached). A request without it (an API key's) waits for nothing.
+      if (input.principal.kind !== 'wallet') return undefined;
+      const settled = charges.settled(input.principal.accountId);
+      return settled
+        ? settled.then(() => wallet.replyHeaders(input) ?? NO_HEADERS)
+        : wallet.replyHeaders(input);
     },
     async admit({ operationId, principal, body }) {
       const requested = (body as { model?: unknown } | undefined)?.model;
@@ -377,7 +384,7 @@ export async function createServices(
       return extend(limits, catalog.deprecationHeaders(resolved.remappedFrom ?? resolved.model));
     },
     answerHeaders: ({ operationId, principal }) =>
-      inferenceOperations.has(operationId) ? balanceHeaders(principal) : Promise.resolve({}),
+      inferenceOperations.has(operationId) ? balanceHeaders(principal) : NO_HEADERS,
   };
 
   return {

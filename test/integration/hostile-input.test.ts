@@ -364,6 +364,13 @@ describe('hostile input: targeted cases', () => {
       const res = await post('/embeddings', `{"${field}":"","input":"x","model":"text-embedding-bge-m3"}`);
       expect(res.status, res.text.slice(0, 200)).toBeLessThan(500);
       if (res.status >= 400) expectErrorShape(res, res.status);
+      // An object under the name (what the request's record of the sent body copies one level deep).
+      const chat = await post(
+        '/chat/completions',
+        `{"${field}":{"a":1},"model":"llama-3.3-70b","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`,
+      );
+      expect(chat.status, chat.text.slice(0, 200)).toBeLessThan(500);
+      if (chat.status >= 400) expectErrorShape(chat, chat.status);
     }
   });
 

@@ -103,3 +103,71 @@ describe('local engine turns of the event loop', () => {
     }
   });
 });
+
+describe('local engine events', () => {
+  /** The promises made while the request's events are read to their end (an async hook), and the events. */
+  async function promisesOf(overrides: Partial<ChatProviderRequest>): Promise<[number, ChatEvent[]]> {
+    const engine = createLocalChatEngine();
+    const events: ChatEvent[] = [];
+    let promises = 0;
+    const hook = createHook({
+      init(_id, type) {
+        if (type === 'PROMISE') promises++;
+      },
+    });
+    const iterator = engine.stream(engineRequest(7, overrides))[Symbol.asyncIterator]();
+    hook.enable();
+    try {
+      for (let next = await iterator.next(); !next.done; next = await iterator.next())
+        events.push(next.value);
+    } finally {
+      hook.disable();
+    }
+    return [promises, events];
+  }
+
+  test('an answer without turns: about one promise an event, none of a generator of its own', async () => {
+    // The steps are a synchronous generator; an async generator made a promise and awaited what it yielded
+    // for every event besides the caller's (bench/HISTORY.md, forty-seventh round). No turn of the event loop
+    // is taken here, so nothing else runs meanwhile: the counts are the same on every run.
+    const [streamed, deltas] = await promisesOf({ maxTokens: 16 });
+    expect(deltas.length).toBe(19);
+    // Each `next()` (the last one's `done` included): its promise and what the reader's `await` of it makes
+    // with the hook on (50 here). Through an async generator: 85.
+    expect(streamed).toBeLessThanOrEqual(3 * (deltas.length + 1));
+    // Read whole: one delta, the finish and the usage; 15 here, 21 through an async generator.
+    const [whole, events] = await promisesOf({ maxTokens: 16, whole: true });
+    expect(events.map((e) => e.type)).toEqual(['delta', 'finish', 'usage']);
+    expect(whole).toBeLessThanOrEqual(4 * (events.length + 1));
+  });
+
+  test('a turn of the event loop is waited for, and the events go on after it', async () => {
+    const [, events] = await promisesOf({ maxTokens: 40, whole: true });
+    // Read whole, a delta a turn (after 16 and 32 tokens) and the last 8 tokens' at the end.
+    expect(events.map((e) => e.type)).toEqual(['delta', 'delta', 'delta', 'finish', 'usage']);
+    const usage = events.at(-1);
+    expect(usage?.type === 'usage' && usage.usage.completionTokens).toBe(40);
+  });
+
+  test('return() ends the answer: nothing more is produced', async () => {
+    const engine = createLocalChatEngine();
+    const iterator = engine.stream(engineRequest(7, { maxTokens: 64 }))[Symbol.asyncIterator]();
+    expect((await iterator.next()).done).toBe(false);
+    expect(await iterator.return?.()).toEqual({ done: true, value: undefined });
+    expect(await iterator.next()).toEqual({ done: true, value: undefined });
+  });
+
+  test('an abort during a turn rejects the next event, and the answer ends', async () => {
+    const engine = createLocalChatEngine();
+    const controller = new AbortController();
+    const iterator = engine
+      .stream(engineRequest(7, { maxTokens: 64, whole: true, signal: controller.signal }))
+      [Symbol.asyncIterator]();
+    // Read whole, the first event is the first turn's gathered delta; the next waits for the turn.
+    expect((await iterator.next()).done).toBe(false);
+    const next = iterator.next();
+    controller.abort();
+    await expect(next).rejects.toThrow();
+    expect(await iterator.next()).toEqual({ done: true, value: undefined });
+  });
+});

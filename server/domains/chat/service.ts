@@ -225,87 +225,12 @@ export function createChatService(deps: ChatServiceDeps) {
     let finished = false;
     let lastError: unknown;
     return {
-      async next(): Promise<IteratorResult<ChatEvent>> {
-        for (;;) {
-          if (finished) return DONE;
-          // The reservation left to the run (first call only): made now, before the upstream call, unless it
-          // is as good as certain; then it is made below, while the call is on its way.
-          const hold = prepared.hold;
-          let ahead: HeldAhead | undefined;
-          if (hold) {
-            prepared.hold = undefined;
-            if (deps.charges.holdsAhead(prepared.principal, hold.amountNano)) ahead = new HeldAhead(hold);
-            else {
-              try {
-                await hold.make();
-              } catch (error) {
-                finished = true;
-                throw error;
-              }
-            }
-          }
-          if (!events || !provider) {
-            const backend = prepared.backends[next++];
-            if (!backend) {
-              finished = true;
-              throw lastError;
-            }
-            provider = deps.providerFor(backend);
-            produced = false;
-            events = provider
-              .stream(
-                extend(prepared.request, {
-                  model: backend.kind === 'local' ? prepared.model.id : backend.upstreamModel,
-                  signal,
-                  // A call made ahead of its hold says when it is on its way, and hands over its cancel.
-                  ...(ahead ? { started: ahead.started } : {}),
-                }),
-              )
-              [Symbol.asyncIterator]();
-          }
-          // Asked for, the first event starts the call.
-          const pending = events.next();
-          if (ahead) {
-            // The event waits until the hold is made; should the call fail meanwhile, it is read after that.
-            ahead.after(pending);
-            const bound = prepared.maxTokens;
-            try {
-              await ahead.made;
-            } catch (error) {
-              ahead.cancel(events);
-              finished = true;
-              throw error;
-            }
-            if (prepared.maxTokens !== bound) {
-              // The balance covered only a lower bound: the call asked for more. Made again, from the first
-              // backend, with the bound that is held (as it would have been made after the hold).
-              ahead.cancel(events);
-              events = undefined;
-              provider = undefined;
-              next = 0;
-              continue;
-            }
-          }
-          try {
-            const result = await pending;
-            if (result.done) {
-              finished = true;
-              return DONE;
-            }
-            if (!produced) prepared.router = provider.name;
-            produced = true;
-            return result;
-          } catch (error) {
-            lastError = error;
-            const retryable =
-              error instanceof ChatProviderError && (error.kind === 'capacity' || error.kind === 'failed');
-            if (produced || !retryable || signal.aborted) {
-              finished = true;
-              throw error;
-            }
-            events = undefined;
-          }
-        }
+      next(): Promise<IteratorResult<ChatEvent>> {
+        // Once a backend has produced, there is nothing left to fail over to: its events are handed on as
+        // they come, without a promise and an await of this iterator's own per event. Its end and its failure
+        // end it as they did here (an iterator that ended or threw answers `done` after).
+        if (produced && events && !finished) return events.next();
+        return first();
       },
       async return(): Promise<IteratorResult<ChatEvent>> {
         const open = finished ? undefined : events;
@@ -314,6 +239,90 @@ export function createChatService(deps: ChatServiceDeps) {
         return DONE;
       },
     };
+
+    /** The first event: the hold left to the run, then the backends in turn until one produces. */
+    async function first(): Promise<IteratorResult<ChatEvent>> {
+      for (;;) {
+        if (finished) return DONE;
+        // The reservation left to the run (first call only): made now, before the upstream call, unless it
+        // is as good as certain; then it is made below, while the call is on its way.
+        const hold = prepared.hold;
+        let ahead: HeldAhead | undefined;
+        if (hold) {
+          prepared.hold = undefined;
+          if (deps.charges.holdsAhead(prepared.principal, hold.amountNano)) ahead = new HeldAhead(hold);
+          else {
+            try {
+              await hold.make();
+            } catch (error) {
+              finished = true;
+              throw error;
+            }
+          }
+        }
+        if (!events || !provider) {
+          const backend = prepared.backends[next++];
+          if (!backend) {
+            finished = true;
+            throw lastError;
+          }
+          provider = deps.providerFor(backend);
+          produced = false;
+          events = provider
+            .stream(
+              extend(prepared.request, {
+                model: backend.kind === 'local' ? prepared.model.id : backend.upstreamModel,
+                signal,
+                // A call made ahead of its hold says when it is on its way, and hands over its cancel.
+                ...(ahead ? { started: ahead.started } : {}),
+              }),
+            )
+            [Symbol.asyncIterator]();
+        }
+        // Asked for, the first event starts the call.
+        const pending = events.next();
+        if (ahead) {
+          // The event waits until the hold is made; should the call fail meanwhile, it is read after that.
+          ahead.after(pending);
+          const bound = prepared.maxTokens;
+          try {
+            await ahead.made;
+          } catch (error) {
+            ahead.cancel(events);
+            finished = true;
+            throw error;
+          }
+          if (prepared.maxTokens !== bound) {
+            // The balance covered only a lower bound: the call asked for more. Made again, from the first
+            // backend, with the bound that is held (as it would have been made after the hold).
+            ahead.cancel(events);
+            events = undefined;
+            provider = undefined;
+            next = 0;
+            continue;
+          }
+        }
+        try {
+          const result = await pending;
+          if (result.done) {
+            finished = true;
+            return DONE;
+          }
+          if (!produced) prepared.router = provider.name;
+          produced = true;
+          return result;
+        } catch (error) {
+          lastError = error;
+          const retryable =
+            error instanceof ChatProviderError && (error.kind === 'capacity' || error.kind === 'failed');
+          if (produced || !retryable || signal.aborted) {
+            finished = true;
+            throw error;
+          }
+          events = undefined;
+        }
+      }
+    }
   }
 
   /** Backends in the order to try: a `prompt_cache_key` always starts at the same one. */

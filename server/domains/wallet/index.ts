@@ -199,6 +199,39 @@ export function createWalletDomain(deps: WalletDomainDeps) {
   const isPaid = (operationId: OperationId, principal: Principal) =>
     principal.kind === 'wallet' && deps.paidOperations.has(operationId);
 
+  /** A paid request's slot (WalletDomain.acquireSlot). */
+  async function takeSlot(accountId: string): Promise<() => void> {
+    const { id, balance } = await slots.take({
+      accountId,
+      max: WALLET_MAX_IN_FLIGHT,
+      leaseMs: config.reservationTtlMs,
+    });
+    if (id === undefined) {
+      throw new ApiError(
+        429,
+        `Too many concurrent requests: a wallet may have at most ${WALLET_MAX_IN_FLIGHT} paid requests in flight`,
+        { code: 'X402_CONCURRENCY_LIMIT' },
+      );
+    }
+    const free = () =>
+      slots
+        .release(id)
+        .catch((error: unknown) => deps.logger.warn({ err: error }, 'wallet slot release failed'));
+    const available = balance.usdAvailableNano + balance.diemAvailableNano;
+    if (available < MINIMUM_BALANCE_NANO) {
+      await free();
+      throw paymentRequired({ currentBalanceNano: available });
+    }
+    return () => {
+      void free();
+    };
+  }
+
+  async function balanceRemaining(accountId: string): Promise<ReplyHeaders> {
+    const balance = await ledger.getBalance(accountId);
+    return { 'X-Balance-Remaining': formatUsdFixed(balance.usdAvailableNano, 6) };
+  }
+
   return {
     verifySignInWithX,
     discovery,
@@ -217,44 +250,27 @@ export function createWalletDomain(deps: WalletDomainDeps) {
      * A paid request of a wallet takes one of its WALLET_MAX_IN_FLIGHT slots, across every process (429 when
      * none is free), and is admitted only if the wallet holds the admission minimum (the wallet 402 before any
      * work, its slot freed first). One round trip: the balance is read with the slot, under the same lock.
-     * Returns what frees the slot once the request is done.
+     * Returns what frees the slot once the request is done; undefined at once (no promise) when the request
+     * takes no slot.
      */
-    async acquireSlot(input: {
+    acquireSlot(input: {
       operationId: OperationId;
       principal: Principal;
-    }): Promise<(() => void) | undefined> {
-      if (!isPaid(input.operationId, input.principal)) return undefined;
-      const { id, balance } = await slots.take({
-        accountId: input.principal.accountId,
-        max: WALLET_MAX_IN_FLIGHT,
-        leaseMs: config.reservationTtlMs,
-      });
-      if (id === undefined) {
-        throw new ApiError(
-          429,
-          `Too many concurrent requests: a wallet may have at most ${WALLET_MAX_IN_FLIGHT} paid requests in flight`,
-          { code: 'X402_CONCURRENCY_LIMIT' },
-        );
-      }
-      const free = () =>
-        slots
-          .release(id)
-          .catch((error: unknown) => deps.logger.warn({ err: error }, 'wallet slot release failed'));
-      const available = balance.usdAvailableNano + balance.diemAvailableNano;
-      if (available < MINIMUM_BALANCE_NANO) {
-        await free();
-        throw paymentRequired({ currentBalanceNano: available });
-      }
-      return () => {
-        void free();
-      };
+    }): Promise<(() => void) | undefined> | undefined {
+      return isPaid(input.operationId, input.principal) ? takeSlot(input.principal.accountId) : undefined;
     },
 
-    /** `X-Balance-Remaining`: the wallet's spendable credit in USD once the handler is done. */
-    async replyHeaders(input: { operationId: OperationId; principal: Principal }): Promise<ReplyHeaders> {
-      if (!isPaid(input.operationId, input.principal)) return {};
-      const balance = await ledger.getBalance(input.principal.accountId);
-      return { 'X-Balance-Remaining': formatUsdFixed(balance.usdAvailableNano, 6) };
+    /**
+     * `X-Balance-Remaining`: the wallet's spendable credit in USD once the handler is done; undefined (no
+     * promise) for a request that is not a wallet's paid one.
+     */
+    replyHeaders(input: {
+      operationId: OperationId;
+      principal: Principal;
+    }): Promise<ReplyHeaders> | undefined {
+      return isPaid(input.operationId, input.principal)
+        ? balanceRemaining(input.principal.accountId)
+        : undefined;
     },
 
     housekeeping,

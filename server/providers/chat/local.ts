@@ -336,6 +336,10 @@ function pieceText(word: string, spaced: boolean, capital: boolean, period: bool
  * drawn: an answer cut by `max_tokens` cannot send more words than tokens, and the words drawn are exactly
  * those of the full answer (the same draws in the same order; the period of the last word still goes by
  * `words`). `spaceFirst`: the first word after a space too (it follows an intro).
+ *
+ * At module level, as every generator function of a request's path: a generator function made per call gets
+ * its own initial map, which V8 keeps in the old generation and which points back at the function and so at
+ * the request's whole scope, promoting it at the next scavenge (HISTORY.md, thirteenth round).
  */
 function* drawSentences(
   sampler: Sampler,
@@ -363,20 +367,34 @@ function* drawSentences(
 }
 
 /**
- * The intro, then the sentences drawn one at a time (the first spaced from the intro). At module level, as
- * every generator function of a request's path: a generator function made per call gets its own initial map,
- * which V8 keeps in the old generation and which points back at the function and so at the request's whole
- * scope, promoting it at the next scavenge (HISTORY.md, thirteenth round).
+ * The intro, then the sentences drawn one at a time (the first spaced from the intro). An iterator over the
+ * sentences' generator rather than a generator of its own around it (a `yield*` is a turn of both generators
+ * per piece).
  */
-function* introThenSentences(
-  intro: string,
-  sampler: Sampler,
-  random: () => number,
-  words: number,
-  limit: number,
-): Generator<Piece, void, undefined> {
-  yield fixedPiece(intro);
-  yield* drawSentences(sampler, random, words, limit, true);
+class IntroThenSentences implements IterableIterator<Piece, void> {
+  private intro: Piece | undefined;
+  private readonly rest: Generator<Piece, void, undefined>;
+
+  constructor(intro: string, sampler: Sampler, random: () => number, words: number, limit: number) {
+    this.intro = fixedPiece(intro);
+    this.rest = drawSentences(sampler, random, words, limit, true);
+  }
+
+  [Symbol.iterator](): IterableIterator<Piece, void> {
+    return this;
+  }
+
+  next(): IteratorResult<Piece, void> {
+    const intro = this.intro;
+    if (intro === undefined) return this.rest.next();
+    this.intro = undefined;
+    return { value: intro, done: false };
+  }
+
+  return(): IteratorResult<Piece, void> {
+    this.intro = undefined;
+    return this.rest.return();
+  }
 }
 
 /** The same pieces, all drawn at once (for answers that are edited or searched before they are sent). */
@@ -496,6 +514,8 @@ function isMarked(message: ProviderMessage): boolean {
   return Array.isArray(message.content) && message.content.some((p) => p.cache_control !== undefined);
 }
 
+type PromptCache = ReturnType<typeof createPromptCache>;
+
 /** Prompt caching: prefixes ending at a `cache_control` part, remembered per model. */
 function createPromptCache(capacity: number) {
   const entries = new Map<string, true>();
@@ -582,30 +602,33 @@ function* planPieces(
     const tokens = encodePiece(piece.text);
     for (let i = 0; i < tokens.length; i++) {
       const token = tokens[i] as number;
-      const logprob = i === 0 ? piece.logprob : -0.0001;
-      if (top === 0) {
-        yield new PlannedToken(channel, token, logprob, NO_TOP);
-        continue;
-      }
-      const alternatives =
-        i === 0
-          ? piece.alternatives.map((a) => ({
-              token: decodeToken(
-                encodePiece(piece.text.startsWith(' ') ? ` ${a.word}` : a.word)[0] as number,
-              ),
-              logprob: a.logprob,
-            }))
-          : [{ token: decodeToken(token), logprob }];
-      const seen = new Set<string>();
-      const list = alternatives.filter((a) => !seen.has(a.token) && seen.add(a.token)).slice(0, top);
-      yield new PlannedToken(
-        channel,
-        token,
-        logprob,
-        list.map((a) => extend(a, { bytes: bytesOf(a.token) })),
-      );
+      const logprob = tokenLogprob(piece, i);
+      yield new PlannedToken(channel, token, logprob, topOf(piece, i, token, logprob, top));
     }
   }
+}
+
+/** The log probability of a piece's token `i`: the draw's for its first, near certainty for the rest. */
+function tokenLogprob(piece: Piece, i: number): number {
+  return i === 0 ? piece.logprob : -0.0001;
+}
+
+/**
+ * The `top` most likely alternatives of a piece's token `i` (none when `top` is 0): the draw's other
+ * candidates for its first token, the token itself for the rest.
+ */
+function topOf(piece: Piece, i: number, token: number, logprob: number, top: number): TopLogprob[] {
+  if (top === 0) return NO_TOP;
+  const alternatives =
+    i === 0
+      ? piece.alternatives.map((a) => ({
+          token: decodeToken(encodePiece(piece.text.startsWith(' ') ? ` ${a.word}` : a.word)[0] as number),
+          logprob: a.logprob,
+        }))
+      : [{ token: decodeToken(token), logprob }];
+  const seen = new Set<string>();
+  const list = alternatives.filter((a) => !seen.has(a.token) && seen.add(a.token)).slice(0, top);
+  return list.map((a) => extend(a, { bytes: bytesOf(a.token) }));
 }
 
 /** Tokens generated between two turns of the event loop when no delay is set. */
@@ -665,19 +688,61 @@ class Deltas {
 }
 
 /**
- * The event loop's turn between two tokens (`pause`): what `deltas` gathered since the last turn goes first (a
- * delta, for a caller that reads the answer whole), and the request may have been aborted meanwhile. At module
- * level, as every generator function of a request's path (see `introThenSentences`).
+ * What the engine's steps yield where the event loop is to run before the next token (`pause`): the events
+ * object (`EngineEvents`) waits the turn, then asks for the next step.
  */
-async function* takeTurn(
-  deltas: Deltas,
-  pause: () => Promise<void>,
-  signal: AbortLike | undefined,
-): AsyncGenerator<ChatEvent, void, undefined> {
+const TURN = Symbol('turn');
+
+/** A step of an answer: an event to hand on, or a turn of the event loop to wait. */
+type Step = ChatEvent | typeof TURN;
+
+/**
+ * The event loop's turn between two tokens: what `deltas` gathered since the last turn goes first (a delta, for
+ * a caller that reads the answer whole), then the turn, and the request may have been aborted meanwhile. At
+ * module level, as every generator function of a request's path (see `drawSentences`).
+ */
+function* takeTurn(deltas: Deltas, signal: AbortLike | undefined): Generator<Step, void, undefined> {
   const gathered = deltas.take();
   if (gathered) yield gathered;
-  await pause();
+  yield TURN;
   signal?.throwIfAborted();
+}
+
+const DONE: IteratorReturnResult<undefined> = { done: true, value: undefined };
+
+/**
+ * An answer's events (`ChatProvider.stream`) over its steps: the steps are a synchronous generator, and only a
+ * turn of the event loop is waited for. An async generator did the same with a promise and an await of its own
+ * for every event, besides the caller's (its `yield` awaits what it yields, and each request queues its
+ * result): a non-streamed chat's three or four events went through it, and its turns are rare (one per 16
+ * tokens). As an async generator's, `next` runs the steps at once up to the next event, a step that throws
+ * rejects it, and `return` ends the steps (its caller stopped reading).
+ */
+class EngineEvents implements AsyncIterableIterator<ChatEvent> {
+  constructor(
+    private readonly steps: Generator<Step, void, undefined>,
+    private readonly pause: () => Promise<void>,
+  ) {}
+
+  [Symbol.asyncIterator](): AsyncIterableIterator<ChatEvent> {
+    return this;
+  }
+
+  next(): Promise<IteratorResult<ChatEvent>> {
+    let step: IteratorResult<Step, void>;
+    try {
+      step = this.steps.next();
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    if (step.value === TURN) return this.pause().then(() => this.next());
+    return Promise.resolve(step as IteratorResult<ChatEvent>);
+  }
+
+  return(): Promise<IteratorResult<ChatEvent>> {
+    this.steps.return();
+    return Promise.resolve(DONE);
+  }
 }
 
 export function createLocalChatEngine(options: LocalChatEngineOptions = {}): ChatProvider {
@@ -685,192 +750,210 @@ export function createLocalChatEngine(options: LocalChatEngineOptions = {}): Cha
   const delay = options.tokenDelayMs ?? 0;
   const pause = () =>
     new Promise<void>((resolve) => (delay > 0 ? setTimeout(resolve, delay) : setImmediate(resolve)));
-
   return {
     name: 'local',
-    async *stream(request: ChatProviderRequest): AsyncGenerator<ChatEvent> {
-      const signal = request.signal;
-      // With a delay, every token waits it. Without, the engine still lets the event loop run (other
-      // requests, socket writes, aborts) every few tokens, not after each one: same events, fewer turns.
-      // The turn is taken before the token that follows a turn's worth (`pauseDue`), not after the turn's last
-      // token: an answer that ends there (its bound, its last word, a stop sequence) goes on to its finish
-      // without waiting a turn (or a delay) that nothing follows.
-      const perTurn = delay > 0 ? 1 : TOKENS_PER_TURN;
-      /** Tokens produced since the last turn. */
-      let unpaused = 0;
-      const pauseDue = (): boolean => {
-        if (unpaused < perTurn) return false;
-        unpaused = 0;
-        return true;
-      };
-      const promptTokens = countPromptTokens(request.messages, request.tools);
-      const [cachedTokens, cacheCreationTokens] = cache.account(request.model, request.messages);
-      const baseSeed = request.sampling.seed ?? Math.floor(Math.random() * 2 ** 31);
-      const promptWords = promptWordsOf(request.messages);
-      const lastUser = lastUserText(request.messages);
-      const requested = /\b(\d{1,5})\s+words?\b/i.exec(lastUser);
-      const topN = request.logprobs?.top ?? 0;
-      // The caller reads the answer whole: each field's tokens of a turn in one delta (Deltas).
-      const readWhole = request.whole === true;
-      let completionTokens = 0;
-      let reasoningTokens = 0;
+    stream: (request: ChatProviderRequest) => new EngineEvents(steps(request, cache, delay), pause),
+  };
+}
 
-      for (let index = 0; index < request.n; index++) {
-        const random = mulberry32(baseSeed * 31 + index);
-        // Length and sentence breaks follow the prompt, so a greedy draw gives one answer whatever the seed.
-        const shape = mulberry32(hash32(`${lastUser}\u0000${index}`));
-        const sampler = createSampler(request, random, promptWords, LEXICON, topN > 0);
-        const budget = request.maxTokens;
-        const plan: PlannedToken[] = [];
-        const reasoning = request.reasoning;
-        if (reasoning?.enabled) {
-          const words = EFFORT_WORDS[reasoning.effort ?? 'medium'] ?? 40;
-          const thought = sentences(
-            createSampler(request, random, promptWords, REASONING_LEXICON, topN > 0),
-            shape,
-            words,
-          );
-          if (reasoning.tags) {
-            plan.push(
-              ...[
-                ...planPieces(
-                  [fixedPiece('<think>\n'), ...thought, fixedPiece('\n</think>\n\n')],
-                  'content',
-                  topN,
-                ),
-              ].map((t) => extend(t, { channel: 'reasoning' as const })),
-            );
-          } else {
-            plan.push(...planPieces(thought, 'reasoning', topN));
-          }
-        }
-        const tool = pickTool(request);
-        let finish: FinishReason = 'stop';
-        let emitted = 0;
-        // A stream's opening chunk of the choice; read whole, it would add nothing (one turn of the caller less).
-        if (!readWhole) yield { type: 'delta', index, content: '' };
-        // Tagged reasoning travels in `content` (the older format); the domain may strip it.
-        const thinking = new Deltas(index, reasoning?.tags ? 'content' : 'reasoning', readWhole);
-        // Reasoning first, within the bound.
-        for (const planned of plan) {
-          if (emitted >= budget) break;
-          signal?.throwIfAborted();
-          if (pauseDue()) yield* takeTurn(thinking, pause, signal);
-          const text = decodeToken(planned.token);
-          emitted++;
-          reasoningTokens++;
-          unpaused++;
-          const lp =
-            topN || request.logprobs
-              ? [{ token: text, logprob: planned.logprob, bytes: bytesOf(text), top_logprobs: planned.top }]
-              : undefined;
-          const delta = thinking.push(text, lp);
-          if (delta) yield delta;
-        }
-        const thought = thinking.take();
-        if (thought) yield thought;
-        if (plan.length > 0 && emitted >= budget) finish = 'length';
-        if (finish !== 'length' && tool) {
-          const args = JSON.stringify(
-            valueFor(tool.function.parameters ?? { type: 'object' }, random, promptWords),
-          );
-          const id = `call_${Math.floor(random() * 2 ** 32)
-            .toString(16)
-            .padStart(8, '0')}${Math.floor(random() * 2 ** 32)
-            .toString(16)
-            .padStart(8, '0')}`;
-          yield {
-            type: 'delta',
-            index,
-            toolCalls: [
-              { index: 0, id, type: 'function', function: { name: tool.function.name, arguments: '' } },
-            ],
-          };
-          emitted += countTokens(tool.function.name);
-          const argued = new Deltas(index, 'arguments', readWhole);
-          for (const token of encodeText(args)) {
-            signal?.throwIfAborted();
-            if (emitted >= budget) {
-              finish = 'length';
-              break;
-            }
-            if (pauseDue()) yield* takeTurn(argued, pause, signal);
-            emitted++;
-            unpaused++;
-            const delta = argued.push(decodeToken(token), undefined);
-            if (delta) yield delta;
-          }
-          const lastArguments = argued.take();
-          if (lastArguments) yield lastArguments;
-          if (finish !== 'length') finish = 'tool_calls';
-        } else if (finish !== 'length') {
-          const toolResult = request.messages[request.messages.length - 1]?.role === 'tool';
-          const words = requested ? Math.min(20_000, Number(requested[1])) : 24 + Math.floor(shape() * 40);
-          const intro = toolResult ? `${LOCAL_PREFIX} Based on the tool result:` : LOCAL_PREFIX;
-          const sources = sourceCount(request.messages);
-          // The intro and `budget` words hold more than `budget` tokens: nothing after them can be sent. With
-          // sources (the last sentence gets a citation) or stop sequences (one may straddle the cut) the whole
-          // answer is drawn.
-          const whole = sources > 0 || (request.sampling.stop?.length ?? 0) > 0;
-          let pieces: Iterable<Piece>;
-          // Stop sequences cut the answer where they first occur; nothing at or after the cut is sent.
-          let cut = Number.POSITIVE_INFINITY;
-          if (whole) {
-            const body = sentences(sampler, shape, words);
-            // Given numbered sources, it cites them the way many models do, in brackets: `[1]`, `[1][2]`.
-            if (sources > 0) {
-              const firstEnd = body.find((p) => p.text.endsWith('.'));
-              const lastPiece = body[body.length - 1];
-              if (firstEnd) firstEnd.text = firstEnd.text.replace(/\.$/, ' [1].');
-              if (lastPiece && lastPiece !== firstEnd && sources > 1)
-                lastPiece.text = lastPiece.text.replace(/\.$/, ' [1][2].');
-            }
-            const first = body[0];
-            if (first) first.text = ` ${first.text}`;
-            pieces = [fixedPiece(intro), ...body];
-            const full = (pieces as Piece[]).map((p) => p.text).join('');
-            cut = Math.min(
-              full.length,
-              ...(request.sampling.stop ?? []).map((s) => full.indexOf(s)).filter((i) => i >= 0),
-            );
-          } else {
-            // Drawn as they are sent (a stream holds one word at a time, not its whole answer).
-            pieces = introThenSentences(intro, sampler, shape, words, budget + 1);
-          }
-          let sent = 0;
-          const said = new Deltas(index, 'content', readWhole);
-          for (const planned of planPieces(pieces, 'content', topN)) {
-            signal?.throwIfAborted();
-            if (emitted >= budget) {
-              finish = 'length';
-              break;
-            }
-            const room = cut - sent;
-            if (room <= 0) break;
-            if (pauseDue()) yield* takeTurn(said, pause, signal);
-            let text = decodeToken(planned.token);
-            const partial = text.length > room;
-            if (partial) text = text.slice(0, room);
-            sent += text.length;
-            emitted += partial ? encodeText(text).length : 1;
-            unpaused++;
-            const lp = request.logprobs
-              ? [{ token: text, logprob: planned.logprob, bytes: bytesOf(text), top_logprobs: planned.top }]
-              : undefined;
-            const delta = said.push(text, lp);
-            if (delta) yield delta;
-            if (partial) break;
-          }
-          const lastSaid = said.take();
-          if (lastSaid) yield lastSaid;
-        }
-        completionTokens += emitted;
-        yield { type: 'finish', index, reason: finish };
+/**
+ * The steps of an answer (EngineEvents), with the engine's prompt cache and its delay between tokens. At
+ * module level, as every generator function of a request's path (see `drawSentences`).
+ */
+function* steps(
+  request: ChatProviderRequest,
+  cache: PromptCache,
+  delay: number,
+): Generator<Step, void, undefined> {
+  const signal = request.signal;
+  // With a delay, every token waits it. Without, the engine still lets the event loop run (other
+  // requests, socket writes, aborts) every few tokens, not after each one: same events, fewer turns.
+  // The turn is taken before the token that follows a turn's worth (`pauseDue`), not after the turn's last
+  // token: an answer that ends there (its bound, its last word, a stop sequence) goes on to its finish
+  // without waiting a turn (or a delay) that nothing follows.
+  const perTurn = delay > 0 ? 1 : TOKENS_PER_TURN;
+  /** Tokens produced since the last turn. */
+  let unpaused = 0;
+  const pauseDue = (): boolean => {
+    if (unpaused < perTurn) return false;
+    unpaused = 0;
+    return true;
+  };
+  const promptTokens = countPromptTokens(request.messages, request.tools);
+  const [cachedTokens, cacheCreationTokens] = cache.account(request.model, request.messages);
+  const baseSeed = request.sampling.seed ?? Math.floor(Math.random() * 2 ** 31);
+  const promptWords = promptWordsOf(request.messages);
+  const lastUser = lastUserText(request.messages);
+  const requested = /\b(\d{1,5})\s+words?\b/i.exec(lastUser);
+  const topN = request.logprobs?.top ?? 0;
+  // The caller reads the answer whole: each field's tokens of a turn in one delta (Deltas).
+  const readWhole = request.whole === true;
+  let completionTokens = 0;
+  let reasoningTokens = 0;
+
+  for (let index = 0; index < request.n; index++) {
+    const random = mulberry32(baseSeed * 31 + index);
+    // Length and sentence breaks follow the prompt, so a greedy draw gives one answer whatever the seed.
+    const shape = mulberry32(hash32(`${lastUser}\u0000${index}`));
+    const sampler = createSampler(request, random, promptWords, LEXICON, topN > 0);
+    const budget = request.maxTokens;
+    const plan: PlannedToken[] = [];
+    const reasoning = request.reasoning;
+    if (reasoning?.enabled) {
+      const words = EFFORT_WORDS[reasoning.effort ?? 'medium'] ?? 40;
+      const thought = sentences(
+        createSampler(request, random, promptWords, REASONING_LEXICON, topN > 0),
+        shape,
+        words,
+      );
+      if (reasoning.tags) {
+        plan.push(
+          ...[
+            ...planPieces(
+              [fixedPiece('<think>\n'), ...thought, fixedPiece('\n</think>\n\n')],
+              'content',
+              topN,
+            ),
+          ].map((t) => extend(t, { channel: 'reasoning' as const })),
+        );
+      } else {
+        plan.push(...planPieces(thought, 'reasoning', topN));
       }
+    }
+    const tool = pickTool(request);
+    let finish: FinishReason = 'stop';
+    let emitted = 0;
+    // A stream's opening chunk of the choice; read whole, it would add nothing (one turn of the caller less).
+    if (!readWhole) yield { type: 'delta', index, content: '' };
+    // Tagged reasoning travels in `content` (the older format); the domain may strip it.
+    const thinking = new Deltas(index, reasoning?.tags ? 'content' : 'reasoning', readWhole);
+    // Reasoning first, within the bound.
+    for (const planned of plan) {
+      if (emitted >= budget) break;
+      signal?.throwIfAborted();
+      if (pauseDue()) yield* takeTurn(thinking, signal);
+      const text = decodeToken(planned.token);
+      emitted++;
+      reasoningTokens++;
+      unpaused++;
+      const lp =
+        topN || request.logprobs
+          ? [{ token: text, logprob: planned.logprob, bytes: bytesOf(text), top_logprobs: planned.top }]
+          : undefined;
+      const delta = thinking.push(text, lp);
+      if (delta) yield delta;
+    }
+    const thought = thinking.take();
+    if (thought) yield thought;
+    if (plan.length > 0 && emitted >= budget) finish = 'length';
+    if (finish !== 'length' && tool) {
+      const args = JSON.stringify(
+        valueFor(tool.function.parameters ?? { type: 'object' }, random, promptWords),
+      );
+      const id = `call_${Math.floor(random() * 2 ** 32)
+        .toString(16)
+        .padStart(8, '0')}${Math.floor(random() * 2 ** 32)
+        .toString(16)
+        .padStart(8, '0')}`;
       yield {
-        type: 'usage',
-        usage: { promptTokens, completionTokens, reasoningTokens, cachedTokens, cacheCreationTokens },
+        type: 'delta',
+        index,
+        toolCalls: [
+          { index: 0, id, type: 'function', function: { name: tool.function.name, arguments: '' } },
+        ],
       };
-    },
+      emitted += countTokens(tool.function.name);
+      const argued = new Deltas(index, 'arguments', readWhole);
+      for (const token of encodeText(args)) {
+        signal?.throwIfAborted();
+        if (emitted >= budget) {
+          finish = 'length';
+          break;
+        }
+        if (pauseDue()) yield* takeTurn(argued, signal);
+        emitted++;
+        unpaused++;
+        const delta = argued.push(decodeToken(token), undefined);
+        if (delta) yield delta;
+      }
+      const lastArguments = argued.take();
+      if (lastArguments) yield lastArguments;
+      if (finish !== 'length') finish = 'tool_calls';
+    } else if (finish !== 'length') {
+      const toolResult = request.messages[request.messages.length - 1]?.role === 'tool';
+      const words = requested ? Math.min(20_000, Number(requested[1])) : 24 + Math.floor(shape() * 40);
+      const intro = toolResult ? `${LOCAL_PREFIX} Based on the tool result:` : LOCAL_PREFIX;
+      const sources = sourceCount(request.messages);
+      // The intro and `budget` words hold more than `budget` tokens: nothing after them can be sent. With
+      // sources (the last sentence gets a citation) or stop sequences (one may straddle the cut) the whole
+      // answer is drawn.
+      const whole = sources > 0 || (request.sampling.stop?.length ?? 0) > 0;
+      let pieces: Iterable<Piece>;
+      // Stop sequences cut the answer where they first occur; nothing at or after the cut is sent.
+      let cut = Number.POSITIVE_INFINITY;
+      if (whole) {
+        const body = sentences(sampler, shape, words);
+        // Given numbered sources, it cites them the way many models do, in brackets: `[1]`, `[1][2]`.
+        if (sources > 0) {
+          const firstEnd = body.find((p) => p.text.endsWith('.'));
+          const lastPiece = body[body.length - 1];
+          if (firstEnd) firstEnd.text = firstEnd.text.replace(/\.$/, ' [1].');
+          if (lastPiece && lastPiece !== firstEnd && sources > 1)
+            lastPiece.text = lastPiece.text.replace(/\.$/, ' [1][2].');
+        }
+        const first = body[0];
+        if (first) first.text = ` ${first.text}`;
+        pieces = [fixedPiece(intro), ...body];
+        const full = (pieces as Piece[]).map((p) => p.text).join('');
+        cut = Math.min(
+          full.length,
+          ...(request.sampling.stop ?? []).map((s) => full.indexOf(s)).filter((i) => i >= 0),
+        );
+      } else {
+        // Drawn as they are sent (a stream holds one word at a time, not its whole answer).
+        pieces = new IntroThenSentences(intro, sampler, shape, words, budget + 1);
+      }
+      let sent = 0;
+      const said = new Deltas(index, 'content', readWhole);
+      // Piece by piece, then token by token (as planPieces plans them, without an object and a generator's
+      // turn per token: the answer's text is most of its tokens).
+      content: for (const piece of pieces) {
+        const tokens = encodePiece(piece.text);
+        for (let i = 0; i < tokens.length; i++) {
+          signal?.throwIfAborted();
+          if (emitted >= budget) {
+            finish = 'length';
+            break content;
+          }
+          const room = cut - sent;
+          if (room <= 0) break content;
+          if (pauseDue()) yield* takeTurn(said, signal);
+          const token = tokens[i] as number;
+          let text = decodeToken(token);
+          const partial = text.length > room;
+          if (partial) text = text.slice(0, room);
+          sent += text.length;
+          emitted += partial ? encodeText(text).length : 1;
+          unpaused++;
+          let lp: TokenLogprob[] | undefined;
+          if (request.logprobs) {
+            const logprob = tokenLogprob(piece, i);
+            const top = topOf(piece, i, token, logprob, topN);
+            lp = [{ token: text, logprob, bytes: bytesOf(text), top_logprobs: top }];
+          }
+          const delta = said.push(text, lp);
+          if (delta) yield delta;
+          if (partial) break content;
+        }
+      }
+      const lastSaid = said.take();
+      if (lastSaid) yield lastSaid;
+    }
+    completionTokens += emitted;
+    yield { type: 'finish', index, reason: finish };
+  }
+  yield {
+    type: 'usage',
+    usage: { promptTokens, completionTokens, reasoningTokens, cachedTokens, cacheCreationTokens },
   };
 }
