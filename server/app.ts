@@ -489,9 +489,10 @@ function sentQueryNames(url: string): ReadonlySet<string> {
  */
 const serializedBodies = new WeakMap<object, Buffer>();
 
-/** Headers given as an object, set on the response. */
+/** Headers given as an object, set on the response (by its own keys: no array of entries made). */
 function setHeaders(res: ServerResponse, headers: ReplyHeaders | undefined): void {
-  for (const [name, value] of Object.entries(headers ?? {})) res.setHeader(name, value);
+  if (headers === undefined) return;
+  for (const name of Object.keys(headers)) res.setHeader(name, headers[name] as string | number);
 }
 
 function isPromise<T>(value: T | Promise<T>): value is Promise<T> {
