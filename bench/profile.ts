@@ -10,6 +10,9 @@
  * `--perf-basic-prof`, is loaded for PROFILE_WARMUP_SECONDS (default 3) first, then sampled at 10 kHz with
  * call chains over the measured load; its main thread's samples are summed by bench/perf-summary.mjs, per
  * request answered (PERF_FUNCTION and PERF_TOP as there). `perf.txt` stays in outDir.
+ *
+ * PROFILE_DATABASE=postgres: the server on a throwaway embedded PostgreSQL (test/support/postgres.ts) instead
+ * of a SQLite file, stopped with it.
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -18,6 +21,7 @@ import { join, resolve } from 'node:path';
 import autocannon from 'autocannon';
 import { startAnvil } from '../test/support/anvil.ts';
 import { repoRoot } from '../test/support/contract.ts';
+import { startPostgres } from '../test/support/postgres.ts';
 import { freePort, stopPid } from '../test/support/process.ts';
 import { catalogOverride, fundedKey } from './setup.ts';
 
@@ -25,7 +29,8 @@ const target = (['models', 'rpc'] as const).find((t) => t === process.argv[2]) ?
 const outDir = resolve(process.argv[3] ?? join(repoRoot, 'bench', 'results', 'profile'));
 const seconds = Number(process.env.PROFILE_SECONDS ?? 20);
 const scratch = mkdtempSync(join(tmpdir(), 'svc-profile-'));
-const url = `sqlite:${join(scratch, 'db.sqlite')}`;
+const postgres = process.env.PROFILE_DATABASE === 'postgres' ? await startPostgres() : undefined;
+const url = postgres ? await postgres.createDatabase('profile') : `sqlite:${join(scratch, 'db.sqlite')}`;
 const catalogPath = join(scratch, 'catalog.yaml');
 writeFileSync(catalogPath, catalogOverride('http://127.0.0.1:9'));
 const key = await fundedKey(url);
@@ -101,6 +106,7 @@ try {
   if (pid !== undefined) await stopPid(pid, 10_000);
   if (withPerf && pid !== undefined) rmSync(`/tmp/perf-${pid}.map`, { force: true });
   await anvil?.stop();
+  await postgres?.stop();
   rmSync(scratch, { recursive: true, force: true });
 }
 
