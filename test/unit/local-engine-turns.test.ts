@@ -157,6 +157,21 @@ describe('local engine events', () => {
     expect(await iterator.next()).toEqual({ done: true, value: undefined });
   });
 
+  test('next() asked for again while a turn is under way: the events in order, as one at a time', async () => {
+    const request = engineRequest(7, { maxTokens: 40 });
+    const one: ChatEvent[] = [];
+    for await (const event of createLocalChatEngine().stream(request)) one.push(event);
+    const iterator = createLocalChatEngine().stream(request)[Symbol.asyncIterator]();
+    const all: ChatEvent[] = [];
+    // Four at a time: the turns after 16 and 32 tokens fall inside some of the batches.
+    for (;;) {
+      const batch = await Promise.all([iterator.next(), iterator.next(), iterator.next(), iterator.next()]);
+      for (const result of batch) if (!result.done) all.push(result.value);
+      if (batch.some((result) => result.done)) break;
+    }
+    expect(all).toEqual(one);
+  });
+
   test('an abort during a turn rejects the next event, and the answer ends', async () => {
     const engine = createLocalChatEngine();
     const controller = new AbortController();
@@ -166,8 +181,11 @@ describe('local engine events', () => {
     // Read whole, the first event is the first turn's gathered delta; the next waits for the turn.
     expect((await iterator.next()).done).toBe(false);
     const next = iterator.next();
+    // Asked for while the turn is under way: after it, the answer ended.
+    const queued = iterator.next();
     controller.abort();
     await expect(next).rejects.toThrow();
+    expect(await queued).toEqual({ done: true, value: undefined });
     expect(await iterator.next()).toEqual({ done: true, value: undefined });
   });
 });

@@ -728,17 +728,30 @@ class EngineEvents implements AsyncIterableIterator<ChatEvent> {
     return this;
   }
 
+  /** The event after a turn under way: a `next()` asked for meanwhile comes after it, as an async generator queues it. */
+  private waiting: Promise<IteratorResult<ChatEvent>> | undefined;
+
   next(): Promise<IteratorResult<ChatEvent>> {
+    if (this.waiting) {
+      const next = () => this.next();
+      return this.waiting.then(next, next);
+    }
     let step: IteratorResult<Step, void>;
     try {
       step = this.steps.next();
     } catch (error) {
       return Promise.reject(error);
     }
-    if (step.value === TURN) return this.pause().then(() => this.next());
-    return Promise.resolve(step as IteratorResult<ChatEvent>);
+    if (step.value !== TURN) return Promise.resolve(step as IteratorResult<ChatEvent>);
+    const after = this.pause().then(() => {
+      this.waiting = undefined;
+      return this.next();
+    });
+    this.waiting = after;
+    return after;
   }
 
+  /** Ends the steps at once (a `next()` waiting for a turn then answers `done`). */
   return(): Promise<IteratorResult<ChatEvent>> {
     this.steps.return();
     return Promise.resolve(DONE);
