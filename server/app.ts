@@ -255,6 +255,15 @@ export function createApp(deps: AppDeps): App {
   const outside = express.Router();
   mountOperationsSurface(outside, deps);
   deps.mountRoutes?.(outside);
+  // Anything else outside the base path: the interface's 404, not Express's HTML page, saying where the API is
+  // (an SDK given the origin as its base URL posts to `/chat/completions`).
+  outside.use((req, _res, next) =>
+    next(
+      new ApiError(404, `Not found: ${req.method} ${req.originalUrl} (the API is under ${BASE_PATH})`, {
+        code: 'NOT_FOUND',
+      }),
+    ),
+  );
 
   // Authentication, from the operation's `security` in the spec.
   const authenticate = underBasePath((req, res, next) => {

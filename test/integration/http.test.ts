@@ -91,6 +91,29 @@ describe('error model', () => {
     expect(r.headers.get('x-service-host-name')).toBeTruthy();
   });
 
+  test('behavior: a path outside the base path (a base URL without /api/v1) -> 404 {error} naming the base path', async () => {
+    const origin = new URL(app.url).origin;
+    for (const [method, path] of [
+      ['POST', '/chat/completions'],
+      ['GET', '/models'],
+      ['GET', '/no/such/thing'],
+    ] as const) {
+      const r = await fetch(`${origin}${path}`, {
+        method,
+        headers: { 'content-type': 'application/json' },
+        ...(method === 'POST' ? { body: '{}' } : {}),
+      });
+      expect(r.status, path).toBe(404);
+      expect(r.headers.get('content-type')).toMatch(/^application\/json/);
+      expect(await r.json()).toEqual({
+        error: `Not found: ${method} ${path} (the API is under /api/v1)`,
+        code: 'NOT_FOUND',
+      });
+    }
+    // The routes outside it still answer.
+    expect((await fetch(`${origin}/healthz`)).status).toBe(200);
+  });
+
   test('behavior: wrong method on a known path -> 405 {error}', async () => {
     const r = await call('/models', { method: 'DELETE', headers: inference });
     expect(r.status).toBe(405);
