@@ -716,9 +716,13 @@ const DONE: IteratorReturnResult<undefined> = { done: true, value: undefined };
  * for every event, besides the caller's (its `yield` awaits what it yields, and each request queues its
  * result): a non-streamed chat's three or four events went through it, and its turns are rare (one per 16
  * tokens). As an async generator's, `next` runs the steps at once up to the next event, a step that throws
- * rejects it, and `return` ends the steps (its caller stopped reading).
+ * rejects it, a `next` asked for while a turn is under way comes after it, and `return` ends the steps (its
+ * caller stopped reading).
  */
 class EngineEvents implements AsyncIterableIterator<ChatEvent> {
+  /** The event after the turn under way, if one is. */
+  private waiting: Promise<IteratorResult<ChatEvent>> | undefined;
+
   constructor(
     private readonly steps: Generator<Step, void, undefined>,
     private readonly pause: () => Promise<void>,
@@ -727,9 +731,6 @@ class EngineEvents implements AsyncIterableIterator<ChatEvent> {
   [Symbol.asyncIterator](): AsyncIterableIterator<ChatEvent> {
     return this;
   }
-
-  /** The event after a turn under way: a `next()` asked for meanwhile comes after it, as an async generator queues it. */
-  private waiting: Promise<IteratorResult<ChatEvent>> | undefined;
 
   next(): Promise<IteratorResult<ChatEvent>> {
     if (this.waiting) {
