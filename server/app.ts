@@ -39,6 +39,7 @@ import { memoizeRouteRegexps } from './http/route-regexps.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
 import { memoizeValidatorRequestWork } from './http/validator-memo.ts';
 import { warmRequestValidation } from './http/validator-warmup.ts';
+import { setOwn } from './objects.ts';
 import type { Metrics } from './observability/metrics.ts';
 import { mountOperationsSurface } from './observability/surface.ts';
 
@@ -307,11 +308,7 @@ export function createApp(deps: AppDeps): App {
       const sent: Record<string, unknown> = {};
       for (const key of Object.keys(body)) {
         const v = (body as Record<string, unknown>)[key];
-        const value = v && typeof v === 'object' && !Array.isArray(v) ? { ...v } : v;
-        // JSON's `__proto__` key is a property like any other, not the object's prototype.
-        if (key === '__proto__')
-          Object.defineProperty(sent, key, { value, enumerable: true, writable: true, configurable: true });
-        else sent[key] = value;
+        setOwn(sent, key, v && typeof v === 'object' && !Array.isArray(v) ? { ...v } : v);
       }
       (res.locals as Locals).sentBody = sent;
     }
@@ -420,7 +417,7 @@ export function createApp(deps: AppDeps): App {
       return;
     }
     res.setHeader('x-service-host-name', config.hostName);
-    for (const [name, value] of Object.entries(failure.headers)) res.setHeader(name, value);
+    setHeaders(res, failure.headers);
     res.status(failure.status);
     // 501 is scaffolding that the contract does not declare: written raw, past response validation.
     if (failure.status === 501 || !(req as Request & { openapi?: unknown }).openapi) {

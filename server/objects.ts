@@ -12,6 +12,16 @@ export function extend<A extends object, B extends object>(a: A, b: B): NoInfer<
 }
 
 /**
+ * Sets `name` on `object` as an own data property, as `Object.fromEntries` and JSON.parse do: a `__proto__` key is
+ * a property like any other, never the object's prototype (which an assignment would set).
+ */
+export function setOwn(object: Record<string, unknown>, name: string, value: unknown): void {
+  if (name === '__proto__')
+    Object.defineProperty(object, name, { value, writable: true, enumerable: true, configurable: true });
+  else object[name] = value;
+}
+
+/**
  * The map under `key` in `outer`, made and added when there is none: for counters and caches kept by one key
  * and then another, where a key joined from both would be a new string to hash on every lookup.
  */

@@ -16,6 +16,7 @@
  * `test/unit/yaml-values.test.ts` checks the values against `toJS()` and how V8 stores them.
  */
 import type { Document, ToJSOptions } from 'yaml';
+import { setOwn } from './objects.ts';
 
 /** `doc.toJS(options)`, with the strings one byte a character wherever they fit. */
 export function yamlValues(doc: Document, options: Omit<ToJSOptions, 'mapAsMap'> = {}): unknown {
@@ -37,11 +38,8 @@ function compact(value: unknown): unknown {
   const object: Record<string, unknown> = {};
   for (const [key, item] of value) {
     const name = keyName(key);
-    const v = compact(item);
     // As `toJS` does: `__proto__` is an own property, not the object's prototype.
-    if (name === '__proto__')
-      Object.defineProperty(object, name, { value: v, writable: true, enumerable: true, configurable: true });
-    else object[name] = v;
+    setOwn(object, name, compact(item));
   }
   return object;
 }

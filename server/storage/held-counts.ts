@@ -14,6 +14,7 @@
  * capture; held here they cost a map lookup each, and the rows one upsert per window every 50 ms. Chats per
  * second at 16 connections 7,343 -> 8,103 in a `bench:ab` (bench/HISTORY.md, forty-first round).
  */
+import { innerMap } from '../objects.ts';
 import type { StatementRunner } from './internal.ts';
 
 /** A window's count: its row's `used` plus what this process counted since (`unwritten`, then `writing`). */
@@ -74,12 +75,7 @@ export function createHeldCounts(options: HeldCountsOptions) {
 
   const find = (bucket: string, start: number) => held.get(bucket)?.get(start);
   function keep(count: HeldCount) {
-    let windows = held.get(count.bucket);
-    if (!windows) {
-      windows = new Map();
-      held.set(count.bucket, windows);
-    }
-    windows.set(count.start, count);
+    innerMap(held, count.bucket).set(count.start, count);
     size++;
   }
 
