@@ -6,7 +6,8 @@
  * in µs, and a CPU profile of the steady state only (no start-up in it) in bench/results/profile-inproc, for
  * `node bench/profile-summary.mjs`. For finding where one request's time goes without a loaded machine's noise. It also prints the process's CPU time per request (steadier than
  * wall time on a busy machine) and, with BENCH_SQL_TIMES=1, the mean time of each SQLite statement.
- * BENCH_POSTGRES=1 runs it on a throwaway PostgreSQL; BENCH_PROFILE=0 without the profiler.
+ * BENCH_POSTGRES=1 runs it on a throwaway PostgreSQL; BENCH_PROFILE=0 without the profiler; BENCH_PROMISES=1
+ * counts the promises made per request (async_hooks; the client's included), BENCH_PROMISES=stacks also where.
  *
  * `chat-wallet` and `chat-wallet-solana`: the chat paid by a funded wallet (EVM or Solana) instead of a key,
  * with a `SIGN-IN-WITH-X` header of its own on every request, since the server accepts each proof's nonce
@@ -14,6 +15,7 @@
  * times, the CPU figure nor bench/instructions.sh's count include the signing; they must then all be sent
  * within the five minutes a sign-in stays valid (under valgrind, keep `count` to what runs in that time).
  */
+import { createHook } from 'node:async_hooks';
 import { mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { Agent, request } from 'node:http';
 import { Session } from 'node:inspector/promises';
@@ -172,6 +174,26 @@ function mark(what: 'start' | 'end'): Promise<void> {
     console.log(`BENCH_MARK ${what} ${process.pid}`);
   });
 }
+/** Where a promise is being made: the four frames nearest it, outside async_hooks, as `f (file:line) < …`. */
+function promiseSite(): string {
+  const limit = Error.stackTraceLimit;
+  Error.stackTraceLimit = 14;
+  const stack = new Error().stack ?? '';
+  Error.stackTraceLimit = limit;
+  return stack
+    .split('\n')
+    .slice(1)
+    .filter((line) => !line.includes('async_hooks') && !line.includes('promiseSite'))
+    .slice(0, 4)
+    .map((line) =>
+      line
+        .trim()
+        .replace(/^at /, '')
+        .replace(/\(.*\//, '('),
+    )
+    .join(' < ');
+}
+
 /**
  * One request's headers: the public model list without a key, as `npm run bench` measures it (with one, it
  * would count against the key's management requests per minute); a wallet's chat with a fresh sign-in.
@@ -244,12 +266,36 @@ try {
       includeObjectsCollectedByMinorGC: allocated,
     } as never);
   }
+  // BENCH_PROMISES=1: the promises made while the measured requests run, by async_hooks (the client's among
+  // them, the same on both sides of a comparison); BENCH_PROMISES=stacks: also where, by the four frames
+  // nearest each promise's creation (both slow every promise down: read the counts, not the times).
+  const promises = { made: 0, where: new Map<string, number>() };
+  const promiseHook =
+    process.env.BENCH_PROMISES === '1' || process.env.BENCH_PROMISES === 'stacks'
+      ? createHook({
+          init(_id, type) {
+            if (type !== 'PROMISE') return;
+            promises.made++;
+            if (process.env.BENCH_PROMISES === 'stacks') {
+              const where = promiseSite();
+              promises.where.set(where, (promises.where.get(where) ?? 0) + 1);
+            }
+          },
+        })
+      : undefined;
   const times: number[] = [];
   await mark('start');
+  promiseHook?.enable();
   const cpuBefore = process.cpuUsage();
   for (let i = 0; i < count; i++) times.push(await once(headers[i]));
   const cpu = process.cpuUsage(cpuBefore);
+  promiseHook?.disable();
   await mark('end');
+  if (promiseHook)
+    console.log(`${(promises.made / count).toFixed(1)} promises per request (client included)`);
+  for (const [where, n] of [...promises.where].sort((a, b) => b[1] - a[1])) {
+    if (n >= count / 10) console.log(`${(n / count).toFixed(2).padStart(6)} ${where}`);
+  }
   console.log(
     `user ${(cpu.user / count).toFixed(0)} µs, system ${(cpu.system / count).toFixed(0)} µs per request`,
   );

@@ -20,7 +20,14 @@ import type { Logger } from 'pino';
 import type { Config } from './config.ts';
 import { coerceMultipartFields } from './domains/audio/multipart-fields.ts';
 import { type AuthPorts, type Principal, resolvePrincipal } from './http/auth.ts';
-import type { Handler, HandlerContext, HandlerTable, Reply, ReplyHeaders } from './http/contract.ts';
+import {
+  type Handler,
+  type HandlerContext,
+  type HandlerTable,
+  NO_HEADERS,
+  type Reply,
+  type ReplyHeaders,
+} from './http/contract.ts';
 import { ApiError, toValidationDetails } from './http/errors.ts';
 import { refuseNonFiniteParameters } from './http/finite-numbers.ts';
 import type { InFlight } from './http/in-flight.ts';
@@ -37,9 +44,10 @@ import { randomHex } from './http/random-hex.ts';
 import { type AbortLike, RequestAbort } from './http/request-abort.ts';
 import { memoizeRouteRegexps } from './http/route-regexps.ts';
 import { BASE_PATH, type Contract, type OperationId } from './http/spec.ts';
+import { directValidator } from './http/validator-direct.ts';
 import { memoizeValidatorRequestWork } from './http/validator-memo.ts';
 import { warmRequestValidation } from './http/validator-warmup.ts';
-import { setOwn } from './objects.ts';
+import { isPromise, setOwn } from './objects.ts';
 import type { Metrics } from './observability/metrics.ts';
 import { mountOperationsSurface } from './observability/surface.ts';
 
@@ -54,9 +62,13 @@ export type AppDeps = {
   readiness(): Promise<void>;
   /**
    * Admission of an authenticated request after validation (rate limits): returns headers to send, or throws
-   * the ApiError to answer with (429).
+   * the ApiError to answer with (429). The headers themselves, not a promise, when it decided at once.
    */
-  admit?(input: { operationId: OperationId; principal: Principal; body: unknown }): Promise<ReplyHeaders>;
+  admit?(input: {
+    operationId: OperationId;
+    principal: Principal;
+    body: unknown;
+  }): ReplyHeaders | Promise<ReplyHeaders>;
   /** Routes outside the contract and its base path (pre-signed media links), mounted before authentication. */
   mountRoutes?(router: express.Router): void;
   /**
@@ -317,17 +329,20 @@ export function createApp(deps: AppDeps): App {
 
   memoizeRouteRegexps();
   memoizeValidatorRequestWork();
-  const validator = OpenApiValidator.middleware({
-    apiSpec: contract.document as unknown as string,
-    validateApiSpec: false,
-    validateRequests: { allErrors: true },
-    validateResponses: config.validateResponses ? { allErrors: true } : false,
-    validateSecurity: false,
-    ignoreUndocumented: false,
-    ignorePaths: (path: string) => !path.startsWith(`${BASE_PATH}/`),
-    fileUploader: { limits: { fileSize: 25 * 1024 * 1024, files: 1 } },
-    validateFormats: true,
-  });
+  const validator = directValidator(
+    OpenApiValidator.middleware({
+      apiSpec: contract.document as unknown as string,
+      validateApiSpec: false,
+      validateRequests: { allErrors: true },
+      validateResponses: config.validateResponses ? { allErrors: true } : false,
+      validateSecurity: false,
+      ignoreUndocumented: false,
+      ignorePaths: (path: string) => !path.startsWith(`${BASE_PATH}/`),
+      fileUploader: { limits: { fileSize: 25 * 1024 * 1024, files: 1 } },
+      validateFormats: true,
+    }),
+    (OpenApiValidator.middleware as { _oav?: unknown })._oav,
+  );
   // Multipart fields are text on the wire: typed before the request is validated.
   const requestValidation = validator.findIndex((m) => m.name === 'requestMiddleware');
   validator.splice(
@@ -356,20 +371,18 @@ export function createApp(deps: AppDeps): App {
     });
     const principal = locals.principal;
     /** Admission, with the caller's slot (released when the response is over) when it took one. */
-    const admit = (release: (() => void) | undefined): Promise<ReplyHeaders> => {
+    const admit = (release: (() => void) | undefined): ReplyHeaders | Promise<ReplyHeaders> => {
       if (release) res.on('close', release);
-      return deps.admit && principal
-        ? deps.admit({ operationId, principal, body: req.body })
-        : Promise.resolve<ReplyHeaders>({});
+      return deps.admit && principal ? deps.admit({ operationId, principal, body: req.body }) : NO_HEADERS;
     };
-    const enter = (): Promise<ReplyHeaders> => {
+    const enter = (): ReplyHeaders | Promise<ReplyHeaders> => {
       const slot = deps.acquireSlot && principal ? deps.acquireSlot({ operationId, principal }) : undefined;
       return slot ? slot.then(admit) : admit(undefined);
     };
-    // The hooks that have nothing to wait for answer at once (no slot, the balance known, no reply headers):
-    // a request then awaits only its admission, its handler and a streamed answer.
-    const serve = async (admitted: Promise<ReplyHeaders>): Promise<void> => {
-      setHeaders(res, await admitted);
+    // The hooks that have nothing to wait for answer at once (no slot, admitted on counts in memory, the
+    // balance known, no reply headers): a request then awaits only its handler and a streamed answer.
+    const serve = async (admitted: ReplyHeaders | Promise<ReplyHeaders>): Promise<void> => {
+      setHeaders(res, isPromise(admitted) ? await admitted : admitted);
       let reply: Reply<OperationId>;
       try {
         reply = await handler(ctx as unknown as HandlerContext<OperationId>);
@@ -499,10 +512,6 @@ const serializedBodies = new WeakMap<object, Buffer>();
 function setHeaders(res: ServerResponse, headers: ReplyHeaders | undefined): void {
   if (headers === undefined) return;
   for (const name of Object.keys(headers)) res.setHeader(name, headers[name] as string | number);
-}
-
-function isPromise<T>(value: T | Promise<T>): value is Promise<T> {
-  return typeof (value as { then?: unknown }).then === 'function';
 }
 
 /** Writes the reply; a promise only for a streamed one (the others are written at once). */

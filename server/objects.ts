@@ -33,3 +33,11 @@ export function innerMap<K, L, V>(outer: Map<K, Map<L, V>>, key: K): Map<L, V> {
   }
   return inner;
 }
+
+/**
+ * Whether a hook's answer is a promise to wait for, or the value itself (a hook answers at once when it has
+ * nothing to wait for: no promise made, no `await` of a value).
+ */
+export function isPromise<T>(value: T | Promise<T>): value is Promise<T> {
+  return typeof (value as { then?: unknown } | undefined)?.then === 'function';
+}

@@ -35,11 +35,11 @@ import { discoveryPaymentRequired } from './domains/wallet/discovery.ts';
 import { createWalletDomain, type WalletDomain } from './domains/wallet/index.ts';
 import { createHandlers } from './handlers.ts';
 import type { AuthPorts, Principal } from './http/auth.ts';
-import type { ReplyHeaders } from './http/contract.ts';
+import { NO_HEADERS, type ReplyHeaders } from './http/contract.ts';
 import { createInFlight } from './http/in-flight.ts';
 import { loadContract } from './http/spec.ts';
 import { formatUsdFixed, nanoToUsdNumber } from './money.ts';
-import { extend, innerMap } from './objects.ts';
+import { extend, innerMap, isPromise } from './objects.ts';
 import { createMetrics } from './observability/metrics.ts';
 import { createSearxngSearch } from './providers/search/searxng.ts';
 import type { Facilitator } from './providers/x402/facilitator.ts';
@@ -51,9 +51,6 @@ import { type BalanceBefore, balanceBefore, createLedger, type LedgerRepository 
 import { migrate } from './storage/migrations.ts';
 import { createRateLimits, type RateLimitsRepository } from './storage/rate-limits.ts';
 import { createVideoJobs, type VideoJobsRepository } from './storage/video-jobs.ts';
-
-/** No headers to add (shared: never changed). */
-const NO_HEADERS: ReplyHeaders = Object.freeze({});
 
 export type Services = {
   config: Config;
@@ -140,6 +137,11 @@ export async function createServices(
   });
   const isPro = (accountId: string) => proFlags.get(accountId);
   const tierOf = async (accountId: string) => ((await isPro(accountId)) ? 'partner' : 'paid');
+  /** The account's tier when its Pro flag is cached (no promise); undefined otherwise (await `tierOf`). */
+  const tierNow = (accountId: string): string | undefined => {
+    const pro = proFlags.peek(accountId);
+    return pro && (pro.value ? 'partner' : 'paid');
+  };
   const limiter = createRateLimiter({ rateLimits, catalog });
   const wallet = createWalletDomain({
     config,
@@ -215,8 +217,12 @@ export async function createServices(
     isPro,
     providerFor: createChatProviders({ config, metrics }),
     callBeforeHold: config.chat.callBeforeHold,
-    tokenCount: async (principal, modelId, tokens) =>
-      limiter.tokenCount(principal, await tierOf(principal.accountId), modelId, tokens),
+    tokenCount(principal, modelId, tokens) {
+      const tier = tierNow(principal.accountId);
+      return tier
+        ? limiter.tokenCount(principal, tier, modelId, tokens)
+        : tierOf(principal.accountId).then((known) => limiter.tokenCount(principal, known, modelId, tokens));
+    },
     convertFile: createFileConverter(),
     web: {
       scraper: createScraper(config.scrape),
@@ -361,27 +367,29 @@ export async function createServices(
         ? settled.then(() => wallet.replyHeaders(input) ?? NO_HEADERS)
         : wallet.replyHeaders(input);
     },
-    async admit({ operationId, principal, body }) {
+    admit({ operationId, principal, body }) {
       const requested = (body as { model?: unknown } | undefined)?.model;
       const model = typeof requested === 'string' ? requested : undefined;
-      // The JSON-RPC proxy has its own per-minute and credit caps.
-      const limits =
-        operationId === 'callCryptoRpc'
-          ? {}
-          : (
-              await limiter.admit(
-                principal,
-                await tierOf(principal.accountId),
-                // Polling a video job and cleaning it up are free: they count against the general
-                // per-minute budget, not the model's (40 queued jobs a minute would allow little polling).
-                operationId === 'retrieveVideo' || operationId === 'completeVideo' ? undefined : model,
-              )
-            ).headers;
       // Inference answers carry the model's deprecation notices.
-      const resolved =
-        model && inferenceOperations.has(operationId) ? catalog.resolveModel(model) : undefined;
-      if (!resolved) return limits;
-      return extend(limits, catalog.deprecationHeaders(resolved.remappedFrom ?? resolved.model));
+      const withNotices = (limits: ReplyHeaders): ReplyHeaders => {
+        const resolved =
+          model && inferenceOperations.has(operationId) ? catalog.resolveModel(model) : undefined;
+        if (!resolved) return limits;
+        return extend(limits, catalog.deprecationHeaders(resolved.remappedFrom ?? resolved.model));
+      };
+      // The JSON-RPC proxy has its own per-minute and credit caps.
+      if (operationId === 'callCryptoRpc') return withNotices(NO_HEADERS);
+      // Polling a video job and cleaning it up are free: they count against the general per-minute budget,
+      // not the model's (40 queued jobs a minute would allow little polling).
+      const budget = operationId === 'retrieveVideo' || operationId === 'completeVideo' ? undefined : model;
+      // At once, no promise, when the tier is cached and the counts are held (one SQLite process).
+      const tier = tierNow(principal.accountId);
+      const admission = tier
+        ? limiter.admit(principal, tier, budget)
+        : tierOf(principal.accountId).then((known) => limiter.admit(principal, known, budget));
+      return isPromise(admission)
+        ? admission.then((admitted) => withNotices(admitted.headers))
+        : withNotices(admission.headers);
     },
     answerHeaders: ({ operationId, principal }) =>
       inferenceOperations.has(operationId) ? balanceHeaders(principal) : NO_HEADERS,

@@ -35,6 +35,9 @@ type SuccessStatus<K extends OperationId> = Extract<keyof Responses<K>, 200 | 20
 
 export type ReplyHeaders = Record<string, string | number>;
 
+/** No headers: the one frozen object a hook answers with when it has none to add. */
+export const NO_HEADERS: ReplyHeaders = Object.freeze({});
+
 /** A documented JSON success body with its status. */
 export type JsonReply<K extends OperationId> = {
   [S in SuccessStatus<K>]: JsonContent<Responses<K>[S]> extends never

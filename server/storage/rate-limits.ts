@@ -165,6 +165,51 @@ function positiveInteger(field: string, value: number, allowZero = false): numbe
  */
 const ADMISSION_UNFLUSHED = sql<string>`set_config('synchronous_commit', 'off', true)`.as('unflushed');
 
+/** A window's figures as every answer gives them (`hit`, `admit`, `peek`). */
+const hitResult = (
+  { limit, resetAtMs }: { limit: number; resetAtMs: number },
+  used: number,
+  allowed: boolean,
+): HitResult => ({
+  allowed,
+  used,
+  remaining: Math.max(0, limit - used),
+  limit,
+  resetAtMs,
+});
+
+/** A window of an admission, checked and placed in time. */
+type PlannedWindow = {
+  bucket: string;
+  start: number;
+  resetAtMs: number;
+  limit: number;
+  cost: number;
+  /** The most units the window may hold after this request (a peek's: one fewer than its limit). */
+  cap: number;
+};
+
+/**
+ * An admission decided on the counts held in memory (`counts`, one per window): counted in all of them or in
+ * none. Synchronous from the decision to the counts added: no other admission runs in between.
+ */
+function countHeld(held: HeldCounts, windows: PlannedWindow[], counts: HeldCount[]): AdmitResult {
+  let allowed = true;
+  for (let i = 0; i < windows.length; i++) {
+    const window = windows[i] as PlannedWindow;
+    if ((counts[i] as HeldCount).used + window.cost > window.cap) allowed = false;
+  }
+  const results: HitResult[] = [];
+  for (let i = 0; i < windows.length; i++) {
+    const window = windows[i] as PlannedWindow;
+    const count = counts[i] as HeldCount;
+    if (allowed) held.add(count, window.cost);
+    // Refused, each window says whether it had room; its count is without this request.
+    results.push(hitResult(window, count.used, allowed || count.used + window.cost <= window.cap));
+  }
+  return { allowed, windows: results };
+}
+
 /** The rate-limit repository. */
 export function createRateLimits(database: Database, options: RateLimitsOptions = {}) {
   const { db } = database;
@@ -173,6 +218,27 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
   function windowOf(windowMs: number, at: number) {
     const start = Math.floor(at / windowMs) * windowMs;
     return { start, resetAtMs: start + windowMs };
+  }
+
+  /** An admission's windows checked (bad or repeated windows throw) and placed at its time. */
+  function plannedWindows(input: AdmitInput): PlannedWindow[] {
+    const at = input.now ?? now();
+    const windows = input.windows.map((window) => {
+      const windowMs = positiveInteger('windowMs', window.windowMs);
+      const limit = positiveInteger('limit', window.limit, true);
+      const cost = window.peek ? 0 : positiveInteger('cost', window.cost ?? 1, true);
+      const { start, resetAtMs } = windowOf(windowMs, at);
+      // A peek needs room for one unit; a hit, room for its cost.
+      return { bucket: window.bucket, start, resetAtMs, limit, cost, cap: window.peek ? limit - 1 : limit };
+    });
+    // Distinct, by comparison (a few windows: no set of them made and hashed per admission).
+    for (let i = 1; i < windows.length; i++) {
+      const bucket = windows[i]?.bucket;
+      for (let j = 0; j < i; j++)
+        if (windows[j]?.bucket === bucket)
+          throw new InvalidInputError('windows', 'windows must name distinct buckets');
+    }
+    return windows;
   }
 
   const selectUsed = compiledOnce((bucket: string, windowStart: number) =>
@@ -244,18 +310,6 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
   }
 
   type HitPlan = ReturnType<typeof planHit>;
-  /** A window's figures as every answer gives them (`hit`, `admit`, `peek`). */
-  const hitResult = (
-    { limit, resetAtMs }: { limit: number; resetAtMs: number },
-    used: number,
-    allowed: boolean,
-  ): HitResult => ({
-    allowed,
-    used,
-    remaining: Math.max(0, limit - used),
-    limit,
-    resetAtMs,
-  });
   /** A refused hit's figures: the window as it is, this hit not counted. */
   const refusal = async (bucket: string, plan: HitPlan, runner: StatementRunner): Promise<HitResult> =>
     hitResult(plan, await current(bucket, plan.start, runner), false);
@@ -385,44 +439,24 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
     },
 
     /**
+     * `admit`'s answer at once when it needs neither a statement nor a wait: the counts held in memory and
+     * every window's already there (one SQLite process, after the caller's first request in the window).
+     * Undefined otherwise: the caller then awaits `admit`. Throws as `admit` rejects on a bad window.
+     */
+    admitNow(input: AdmitInput): AdmitResult | undefined {
+      if (!held) return undefined;
+      const windows = plannedWindows(input);
+      const counts = held.lookup(windows);
+      return counts ? countHeld(held, windows, counts) : undefined;
+    },
+
+    /**
      * Counts one request in all its windows at once, or in none (see the module comment): one statement
      * when every window admits it.
      */
     async admit(input: AdmitInput): Promise<AdmitResult> {
-      const at = input.now ?? now();
-      const windows = input.windows.map((window) => {
-        const windowMs = positiveInteger('windowMs', window.windowMs);
-        const limit = positiveInteger('limit', window.limit, true);
-        const cost = window.peek ? 0 : positiveInteger('cost', window.cost ?? 1, true);
-        const { start, resetAtMs } = windowOf(windowMs, at);
-        // A peek needs room for one unit; a hit, room for its cost.
-        return { bucket: window.bucket, start, resetAtMs, limit, cost, cap: window.peek ? limit - 1 : limit };
-      });
-      // Distinct, by comparison (a few windows: no set of them made and hashed per admission).
-      for (let i = 1; i < windows.length; i++) {
-        const bucket = windows[i]?.bucket;
-        for (let j = 0; j < i; j++)
-          if (windows[j]?.bucket === bucket)
-            throw new InvalidInputError('windows', 'windows must name distinct buckets');
-      }
-      if (held) {
-        const counts = held.lookup(windows) ?? (await held.counts(windows));
-        // From here to the counts added, nothing awaited: no other admission runs in between.
-        let allowed = true;
-        for (let i = 0; i < windows.length; i++) {
-          const window = windows[i] as (typeof windows)[number];
-          if ((counts[i] as HeldCount).used + window.cost > window.cap) allowed = false;
-        }
-        const results: HitResult[] = [];
-        for (let i = 0; i < windows.length; i++) {
-          const window = windows[i] as (typeof windows)[number];
-          const count = counts[i] as HeldCount;
-          if (allowed) held.add(count, window.cost);
-          // Refused, each window says whether it had room; its count is without this request.
-          results.push(hitResult(window, count.used, allowed || count.used + window.cost <= window.cap));
-        }
-        return { allowed, windows: results };
-      }
+      const windows = plannedWindows(input);
+      if (held) return countHeld(held, windows, held.lookup(windows) ?? (await held.counts(windows)));
       // Nothing can fit in some window: answer without writing (an insert would count unconditionally).
       if (windows.some((w) => w.cost > w.cap)) {
         const results = [];

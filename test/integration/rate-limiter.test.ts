@@ -64,10 +64,10 @@ describe.each([
     await database?.close();
   });
 
-  const used = async (type: 'TPM' | 'RPD' | 'RPM') =>
+  const used = async (type: 'TPM' | 'RPD' | 'RPM', keyId = principal.keyId) =>
     (
       await rateLimits.peek({
-        bucket: `key:${principal.keyId}:model:${MODEL}:${type}`,
+        bucket: `key:${keyId}:model:${MODEL}:${type}`,
         windowMs: type === 'RPD' ? 86_400_000 : 60_000,
         limit: 1,
         now: nowMs,
@@ -75,7 +75,7 @@ describe.each([
     ).used;
 
   async function refusal(): Promise<ApiError> {
-    const error = await limiter.admit(principal, 'paid', MODEL).then(
+    const error = await Promise.resolve(limiter.admit(principal, 'paid', MODEL)).then(
       () => undefined,
       (e: unknown) => e,
     );
@@ -173,6 +173,12 @@ describe.each([
       const spying = createRateLimiter({
         rateLimits: {
           ...rateLimits,
+          // Decided at once (held counts) or by the statement: asked once either way.
+          admitNow(input) {
+            const decided = rateLimits.admitNow(input);
+            if (decided) asked.push(input.joinShared);
+            return decided;
+          },
           admit(input) {
             asked.push(input.joinShared);
             return rateLimits.admit(input);
@@ -198,11 +204,47 @@ describe.each([
       expect(asked).toEqual([true, false]);
     });
 
+    test('behavior: held, an admission whose windows are in memory is decided at once (headers, not a promise), a refusal still rejects; in the rows, always a promise', async () => {
+      nowMs = T0 + 10 * 86_400_000;
+      const isPromise = (value: unknown) => typeof (value as { then?: unknown })?.then === 'function';
+      // A key of its own: the rows of `principal`'s key are checked below.
+      const { key } = await createApiKeys(database).create({
+        accountId: principal.accountId,
+        keyType: 'INFERENCE',
+      });
+      const caller: ApiKeyPrincipal = { ...principal, keyId: key.id };
+      // The window's first admission reads its counts (held) or writes its rows: a promise either way.
+      const first = limiter.admit(caller, 'paid', MODEL);
+      expect(isPromise(first)).toBe(true);
+      const admitted = await first;
+      const second = limiter.admit(caller, 'paid', MODEL);
+      expect(isPromise(second)).toBe(!held);
+      expect((await second).headers).toEqual({
+        ...admitted.headers,
+        'x-ratelimit-remaining-requests': 0,
+      });
+      // The minute is full: refused, as a rejected promise (the refusal is logged first), counted nowhere.
+      const third = limiter.admit(caller, 'paid', MODEL);
+      expect(isPromise(third)).toBe(true);
+      await expect(third).rejects.toMatchObject({ status: 429, code: 'RATE_LIMIT_EXCEEDED' });
+      expect([await used('RPD', key.id), await used('RPM', key.id)]).toEqual([2, 2]);
+      // The management window likewise.
+      await limiter.admit(caller, 'paid', undefined);
+      const managed = limiter.admit(caller, 'paid', undefined);
+      expect(isPromise(managed)).toBe(!held);
+      expect((await managed).headers['x-ratelimit-remaining-requests']).toBe(598);
+    });
+
     test("behavior: the buckets of each caller and model, remembered after the first admission, are the same at every admission and token count, a key's apart from a wallet's with the same id", async () => {
       const asked: string[][] = [];
       const spying = createRateLimiter({
         rateLimits: {
           ...rateLimits,
+          admitNow(input) {
+            const decided = rateLimits.admitNow(input);
+            if (decided) asked.push(input.windows.map((w) => w.bucket));
+            return decided;
+          },
           admit(input) {
             asked.push(input.windows.map((w) => w.bucket));
             return rateLimits.admit(input);

@@ -7,6 +7,7 @@
 import { performance } from 'node:perf_hooks';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
+import { isPromise } from '../../objects.ts';
 import { InsufficientBalanceError, KeySpendLimitError } from '../../storage/errors.ts';
 import {
   type BalanceBefore,
@@ -253,9 +254,11 @@ export function createCharges(deps: ChargesDeps) {
     ): DetachedCapture {
       const amounts = captureAmounts(reservation, { items });
       const accountId = reservation.accountId;
+      const capture = (statements: CaptureWithin<T> | undefined) =>
+        deps.ledger.captureWith(reservation, { items }, statements);
       const done = new Promise<void>((resolve) => process.nextTick(resolve))
-        .then(() => within)
-        .then((statements) => deps.ledger.captureWith(reservation, { items }, statements))
+        // The caller's statements awaited only when they are a promise.
+        .then(() => (isPromise(within) ? within.then(capture) : capture(within)))
         .then(
           () => undefined,
           async (error: unknown) => {

@@ -27,7 +27,7 @@ import type { Principal } from '../../http/auth.ts';
 import { ApiError, badRequest, notFound } from '../../http/errors.ts';
 import type { AbortLike } from '../../http/request-abort.ts';
 import { nanoToUsdNumber } from '../../money.ts';
-import { extend } from '../../objects.ts';
+import { extend, isPromise } from '../../objects.ts';
 import { countPromptTokens, countTokens } from '../../providers/chat/tokenizer.ts';
 import {
   type ChatEvent,
@@ -62,7 +62,11 @@ export type ChatServiceDeps = {
    * The count of a finished request's tokens in the caller's tokens-per-minute window (undefined: nothing to
    * count); settle runs it in the transaction of the capture, so the charge and the count cost one commit.
    */
-  tokenCount?(principal: Principal, modelId: string, tokens: number): Promise<TokenCount | undefined>;
+  tokenCount?(
+    principal: Principal,
+    modelId: string,
+    tokens: number,
+  ): TokenCount | undefined | Promise<TokenCount | undefined>;
   convertFile?: FileConverter;
   /** Web search (`enable_web_search`) and scraping (`enable_web_scraping`); absent: the feature is off. */
   web?: { search?: SearchProvider; scraper?: Scraper; now?: () => Date };
@@ -382,6 +386,22 @@ export function createChatService(deps: ChatServiceDeps) {
     }
   }
 
+  /**
+   * The request's token count for the capture's transaction: at once when its tier is known, a promise when
+   * it must be read; undefined (the count skipped, never the capture failed) when it cannot be made.
+   */
+  function tokenCountOf(
+    prepared: PreparedChat,
+    tokens: number,
+  ): TokenCount | undefined | Promise<TokenCount | undefined> {
+    try {
+      const count = deps.tokenCount?.(prepared.principal, prepared.model.id, tokens);
+      return isPromise(count) ? count.catch(() => undefined) : count;
+    } catch {
+      return undefined;
+    }
+  }
+
   return {
     async prepare(input: {
       body: ChatCompletionRequest;
@@ -613,9 +633,7 @@ export function createChatService(deps: ChatServiceDeps) {
       // A hold refused (or never made): nothing was handed on, and nothing is held to charge.
       if (!reservation) return { usage: final, cost: { usd: 0, diem: 0 } };
       // A count that cannot be made (its tier unknown) is skipped, as a failed count never fails the capture.
-      const count = deps
-        .tokenCount?.(prepared.principal, prepared.model.id, final.promptTokens + final.completionTokens)
-        .catch(() => undefined);
+      const count = tokenCountOf(prepared, final.promptTokens + final.completionTokens);
       const capture = deps.charges.captureDetached(
         reservation,
         chargeItems(prepared.model, final, prepared.extras),

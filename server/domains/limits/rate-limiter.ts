@@ -12,6 +12,7 @@ import type { ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
 import type { EmbeddedWrite, StatementRunner } from '../../storage/internal.ts';
 import type {
+  AdmitResult,
   AdmitWindow,
   HitResult,
   RateLimitsRepository,
@@ -87,6 +88,11 @@ export function createRateLimiter(deps: RateLimiterDeps) {
   const now = deps.now ?? Date.now;
   const buckets = bucketNames();
 
+  /** The refusal, as the rejected promise an admission answers with. */
+  async function refused(...args: Parameters<typeof refuse>): Promise<never> {
+    throw await refuse(...args);
+  }
+
   async function refuse(
     principal: Principal,
     modelId: string | null,
@@ -147,28 +153,35 @@ export function createRateLimiter(deps: RateLimiterDeps) {
   return {
     /**
      * Counts this request for the caller: per model when the request names a catalogue model, otherwise in
-     * the caller's management window. Throws 429 when a limit is reached; returns the `x-ratelimit-*` headers.
+     * the caller's management window. Rejects with a 429 when a limit is reached; returns the `x-ratelimit-*`
+     * headers, at once (not a promise) when the counts are held in memory and no statement is needed.
      */
-    async admit(principal: Principal, tier: string, requestedModel: string | undefined): Promise<Admission> {
+    admit(
+      principal: Principal,
+      tier: string,
+      requestedModel: string | undefined,
+    ): Admission | Promise<Admission> {
       const at = now();
       const model = requestedModel ? deps.catalog.resolveModel(requestedModel)?.model : undefined;
       const limits = model?.rateLimits[tier];
       if (!model || !limits) {
         const limit = deps.managementRequestsPerMinute ?? 600;
-        const admission = await deps.rateLimits.admit({
-          windows: [{ bucket: buckets.manage(principal), windowMs: MINUTE, limit }],
-          now: at,
-        });
-        const [minute] = admission.windows as [HitResult];
-        if (!admission.allowed) throw await refuse(principal, null, tier, 'RPM', minute.resetAtMs);
-        return {
-          headers: {
-            'x-ratelimit-limit-requests': minute.limit,
-            'x-ratelimit-remaining-requests': minute.remaining,
-            'x-ratelimit-reset-requests': Math.ceil(minute.resetAtMs / 1000),
-            'x-ratelimit-type': typeOf(principal),
-          },
+        const input = { windows: [{ bucket: buckets.manage(principal), windowMs: MINUTE, limit }], now: at };
+        const managed = (admission: AdmitResult): Admission | Promise<never> => {
+          const [minute] = admission.windows as [HitResult];
+          if (!admission.allowed) return refused(principal, null, tier, 'RPM', minute.resetAtMs);
+          return {
+            headers: {
+              'x-ratelimit-limit-requests': minute.limit,
+              'x-ratelimit-remaining-requests': minute.remaining,
+              'x-ratelimit-reset-requests': Math.ceil(minute.resetAtMs / 1000),
+              'x-ratelimit-type': typeOf(principal),
+            },
+          };
         };
+        // At once when the counts are in memory; otherwise after the statement.
+        const decided = deps.rateLimits.admitNow(input);
+        return decided ? managed(decided) : deps.rateLimits.admit(input).then(managed);
       }
       const names = buckets.model(principal, model.id);
       // Checked in this order, which is also the order of precedence when several refuse: the tokens (room
@@ -186,42 +199,44 @@ export function createRateLimiter(deps: RateLimiterDeps) {
       if (limits.requestsPerDay)
         windows.push({ type: 'RPD', bucket: names.rpd, windowMs: DAY, limit: limits.requestsPerDay });
       windows.push({ type: 'RPM', bucket: names.rpm, windowMs: MINUTE, limit: limits.requestsPerMinute });
+      const modelId = model.id;
+      const counted = (admission: AdmitResult): Admission | Promise<never> => {
+        if (!admission.allowed) {
+          const refusedAt = admission.windows.findIndex((window) => !window.allowed);
+          const type = windows[refusedAt]?.type ?? 'RPM';
+          return refused(principal, modelId, tier, type, admission.windows[refusedAt]?.resetAtMs ?? at);
+        }
+        const minute = admission.windows.at(-1) as HitResult;
+        const tokens = windows[0]?.type === 'TPM' ? admission.windows[0] : undefined;
+        // One literal for each case, nothing added after it is made: the token headers added afterwards missed
+        // their store caches on every request in three of four `perf` profiles of loaded servers
+        // (bench/HISTORY.md, forty-fifth round).
+        const headers: ReplyHeaders = tokens
+          ? {
+              'x-ratelimit-limit-requests': minute.limit,
+              'x-ratelimit-remaining-requests': minute.remaining,
+              'x-ratelimit-reset-requests': Math.ceil(minute.resetAtMs / 1000),
+              'x-ratelimit-type': typeOf(principal),
+              'x-ratelimit-limit-tokens': tokens.limit,
+              'x-ratelimit-remaining-tokens': tokens.remaining,
+              'x-ratelimit-reset-tokens': Math.max(0, Math.ceil((tokens.resetAtMs - at) / 1000)),
+            }
+          : {
+              'x-ratelimit-limit-requests': minute.limit,
+              'x-ratelimit-remaining-requests': minute.remaining,
+              'x-ratelimit-reset-requests': Math.ceil(minute.resetAtMs / 1000),
+              'x-ratelimit-type': typeOf(principal),
+            };
+        return { headers };
+      };
       // An API-key request's admission, while others write, waits for the next commit group and shares its
       // commit (5 to 10% more chats a second at 16 connections). Not a wallet's: its sign-in has written a
       // nonce already and checked a signature, and there the wait cost more than the commit it saved (9% fewer
-      // wallet-paid chats a second: bench/HISTORY.md, thirty-fourth round).
-      const admission = await deps.rateLimits.admit({
-        windows,
-        now: at,
-        joinShared: principal.kind === 'apiKey',
-      });
-      if (!admission.allowed) {
-        const refused = admission.windows.findIndex((window) => !window.allowed);
-        const type = windows[refused]?.type ?? 'RPM';
-        throw await refuse(principal, model.id, tier, type, admission.windows[refused]?.resetAtMs ?? at);
-      }
-      const minute = admission.windows.at(-1) as HitResult;
-      const tokens = windows[0]?.type === 'TPM' ? admission.windows[0] : undefined;
-      // One literal for each case, nothing added after it is made: the token headers added afterwards missed
-      // their store caches on every request in three of four `perf` profiles of loaded servers (bench/HISTORY.md,
-      // forty-fifth round).
-      const headers: ReplyHeaders = tokens
-        ? {
-            'x-ratelimit-limit-requests': minute.limit,
-            'x-ratelimit-remaining-requests': minute.remaining,
-            'x-ratelimit-reset-requests': Math.ceil(minute.resetAtMs / 1000),
-            'x-ratelimit-type': typeOf(principal),
-            'x-ratelimit-limit-tokens': tokens.limit,
-            'x-ratelimit-remaining-tokens': tokens.remaining,
-            'x-ratelimit-reset-tokens': Math.max(0, Math.ceil((tokens.resetAtMs - at) / 1000)),
-          }
-        : {
-            'x-ratelimit-limit-requests': minute.limit,
-            'x-ratelimit-remaining-requests': minute.remaining,
-            'x-ratelimit-reset-requests': Math.ceil(minute.resetAtMs / 1000),
-            'x-ratelimit-type': typeOf(principal),
-          };
-      return { headers };
+      // wallet-paid chats a second: bench/HISTORY.md, thirty-fourth round). With the counts in memory (one
+      // SQLite process), decided at once, no statement and no promise.
+      const input = { windows, now: at, joinShared: principal.kind === 'apiKey' };
+      const decided = deps.rateLimits.admitNow(input);
+      return decided ? counted(decided) : deps.rateLimits.admit(input).then(counted);
     },
 
     /**
