@@ -296,13 +296,14 @@ export function createApp(deps: AppDeps): App {
         ),
       );
     }
-    resolvePrincipal(req, op, deps.auth).then(
-      (principal) => {
-        if (principal) locals.principal = principal;
-        next();
-      },
-      (error: unknown) => next(error),
-    );
+    const found = (principal: Principal | undefined) => {
+      if (principal) locals.principal = principal;
+      next();
+    };
+    // A cached key's request goes on at once; a refusal known at once throws (the sequence's next(error)).
+    const resolved = resolvePrincipal(req, op, deps.auth);
+    if (isPromise(resolved)) resolved.then(found, (error: unknown) => next(error));
+    else found(resolved);
   });
 
   // Plain JSON bodies of known length read directly; the rest through body-parser (http/json-body.ts).

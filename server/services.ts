@@ -34,7 +34,7 @@ import { createVideoWorker, type VideoWorker } from './domains/video/worker.ts';
 import { discoveryPaymentRequired } from './domains/wallet/discovery.ts';
 import { createWalletDomain, type WalletDomain } from './domains/wallet/index.ts';
 import { createHandlers } from './handlers.ts';
-import type { AuthPorts, Principal } from './http/auth.ts';
+import type { ApiKeyPrincipal, AuthPorts, Principal } from './http/auth.ts';
 import { NO_HEADERS, type ReplyHeaders } from './http/contract.ts';
 import { createInFlight } from './http/in-flight.ts';
 import { loadContract } from './http/spec.ts';
@@ -44,7 +44,7 @@ import { createMetrics } from './observability/metrics.ts';
 import { createSearxngSearch } from './providers/search/searxng.ts';
 import type { Facilitator } from './providers/x402/facilitator.ts';
 import { type AccountsRepository, createAccounts } from './storage/accounts.ts';
-import { type ApiKeysRepository, createApiKeys } from './storage/api-keys.ts';
+import { type ApiKeysRepository, type AuthenticateResult, createApiKeys } from './storage/api-keys.ts';
 import { type CreateDatabaseOptions, createDatabase, type Database } from './storage/database.ts';
 import { createIdempotency, type IdempotencyStore } from './storage/idempotency.ts';
 import { type BalanceBefore, balanceBefore, createLedger, type LedgerRepository } from './storage/ledger.ts';
@@ -188,20 +188,25 @@ export async function createServices(
     throw error;
   }
 
+  /** The principal of an authenticated key (its last use written behind, at most once a second). */
+  const keyPrincipal = (result: AuthenticateResult): ApiKeyPrincipal | undefined => {
+    if (!result.ok) return undefined;
+    keys
+      .touchIfDue(result.key.id)
+      ?.catch((error: unknown) => logger.warn({ err: error }, 'last-used update failed'));
+    return {
+      kind: 'apiKey',
+      accountId: result.key.accountId,
+      keyId: result.key.id,
+      keyType: result.key.keyType,
+      spendLimited: result.key.limitUsdNano !== null || result.key.limitDiemNano !== null,
+    };
+  };
   const auth: AuthPorts = {
-    async authenticateApiKey(secret) {
-      const result = await keys.authenticate(secret);
-      if (!result.ok) return undefined;
-      keys
-        .touchLastUsed(result.key.id)
-        .catch((error: unknown) => logger.warn({ err: error }, 'last-used update failed'));
-      return {
-        kind: 'apiKey',
-        accountId: result.key.accountId,
-        keyId: result.key.id,
-        keyType: result.key.keyType,
-        spendLimited: result.key.limitUsdNano !== null || result.key.limitDiemNano !== null,
-      };
+    // A cached key at once, without a promise; the others once looked up.
+    authenticateApiKey(secret) {
+      const cached = keys.authenticateCached(secret);
+      return cached ? keyPrincipal(cached) : keys.authenticate(secret).then(keyPrincipal);
     },
     verifySignInWithX: wallet.verifySignInWithX,
     paymentRequired: (req, op) =>

@@ -12,6 +12,7 @@
  * failing scheme's status and message, and it rejects a missing header before any handler runs.
  */
 import type { Request } from 'express';
+import { isPromise } from '../objects.ts';
 import { ApiError, adminKeyRequired, unauthorized } from './errors.ts';
 import { accepts, isPublic, type OperationInfo } from './spec.ts';
 
@@ -37,13 +38,23 @@ export type Principal = ApiKeyPrincipal | WalletPrincipal;
  * keyed by it (the balance its reservation found, services.ts).
  */
 export type AuthPorts = {
-  /** The principal for a bearer secret, or undefined when the key is unknown, revoked or expired. */
-  authenticateApiKey(secret: string): Promise<ApiKeyPrincipal | undefined>;
+  /**
+   * The principal for a bearer secret, or undefined when the key is unknown, revoked or expired: itself, not a
+   * promise, when the answer is known at once (a cached key).
+   */
+  authenticateApiKey(secret: string): ApiKeyPrincipal | undefined | Promise<ApiKeyPrincipal | undefined>;
   /** Verifies a Sign-In-With-X header; throws an ApiError (401 with an `X402_SIGN_IN_…` code) when invalid. */
   verifySignInWithX?(header: string, req: Request): Promise<WalletPrincipal>;
   /** The 402 body for a caller without credentials, and the base64 `PAYMENT-REQUIRED` header. */
   paymentRequired(req: Request, op: OperationInfo): { body: Record<string, unknown>; header: string };
 };
+
+/** The key's principal, when there is one and it may call `op`; throws the 401 to send otherwise. */
+function keyAllowed(principal: ApiKeyPrincipal | undefined, op: OperationInfo): ApiKeyPrincipal {
+  if (!principal) throw unauthorized();
+  if (op.requiredKeyType === 'ADMIN' && principal.keyType !== 'ADMIN') throw adminKeyRequired();
+  return principal;
+}
 
 function bearerToken(req: Request): string | undefined {
   const header = req.headers.authorization;
@@ -57,12 +68,16 @@ function signInWithX(req: Request): string | undefined {
   return Array.isArray(value) ? value[0] : value;
 }
 
-/** Returns the caller, undefined for an anonymous call to a public operation, or throws the ApiError to send. */
-export async function resolvePrincipal(
+/**
+ * Returns the caller, undefined for an anonymous call to a public operation, or throws the ApiError to send: at
+ * once when nothing has to be looked up or verified (a cached key, an anonymous call), otherwise as a promise
+ * (which rejects with the ApiError).
+ */
+export function resolvePrincipal(
   req: Request,
   op: OperationInfo,
   ports: AuthPorts,
-): Promise<Principal | undefined> {
+): Principal | undefined | Promise<Principal | undefined> {
   const siwx = accepts(op, 'siwx') ? signInWithX(req) : undefined;
   const bearer = accepts(op, 'BearerAuth') ? bearerToken(req) : undefined;
 
@@ -74,10 +89,10 @@ export async function resolvePrincipal(
   }
   if (bearer !== undefined) {
     if (bearer === '') throw unauthorized('Malformed Authorization header: expected "Bearer <API key>"');
-    const principal = await ports.authenticateApiKey(bearer);
-    if (!principal) throw unauthorized();
-    if (op.requiredKeyType === 'ADMIN' && principal.keyType !== 'ADMIN') throw adminKeyRequired();
-    return principal;
+    const principal = ports.authenticateApiKey(bearer);
+    return isPromise(principal)
+      ? principal.then((found) => keyAllowed(found, op))
+      : keyAllowed(principal, op);
   }
   if (isPublic(op)) return undefined;
   if (op.declaresPaymentRequired) {

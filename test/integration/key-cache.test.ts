@@ -110,6 +110,46 @@ describe('cacheApiKeys', () => {
     await cached.touchLastUsed(key.id);
     expect(statements.length).toBe(2);
   });
+
+  test('authenticateCached: the cached answer itself (no promise, no statement), undefined to look up', async () => {
+    const { cached, other, secret, key, advance } = await setup(1000);
+    // Not looked up yet: nothing to answer at once.
+    expect(cached.authenticateCached(secret)).toBeUndefined();
+    await cached.authenticate(secret);
+    statements = [];
+    expect(cached.authenticateCached(secret)).toMatchObject({ ok: true, key: { id: key.id } });
+    expect(statements).toEqual([]);
+    // Past the bound: looked up again (and refused, revoked elsewhere meanwhile).
+    await other.revoke(key.id);
+    advance(1000);
+    expect(cached.authenticateCached(secret)).toBeUndefined();
+    expect(await cached.authenticate(secret)).toEqual({ ok: false, reason: 'revoked' });
+    expect(cached.authenticateCached(secret)).toBeUndefined();
+    expect(cached.authenticateCached('svc_inference_not_a_real_key_0000000000000000000000')).toBeUndefined();
+  });
+
+  test('authenticateCached: a cached key whose expiry has passed is refused at once, and forgotten', async () => {
+    const { cached, other, secret, key, advance } = await setup(60_000);
+    await other.update(key.id, { expiresAtMs: 1_000_500 });
+    await cached.authenticate(secret);
+    advance(500);
+    expect(cached.authenticateCached(secret)).toEqual({ ok: false, reason: 'expired' });
+    expect(cached.authenticateCached(secret)).toBeUndefined();
+  });
+
+  test('touchIfDue: the write when due, undefined (nothing to wait for) within the second', async () => {
+    const { cached, key, advance } = await setup(60_000);
+    statements = [];
+    const first = cached.touchIfDue(key.id);
+    expect(first).toBeInstanceOf(Promise);
+    await first;
+    advance(999);
+    expect(cached.touchIfDue(key.id)).toBeUndefined();
+    expect(statements.length).toBe(1);
+    advance(1);
+    await cached.touchIfDue(key.id);
+    expect(statements.length).toBe(2);
+  });
 });
 
 describe('over HTTP', () => {

@@ -14,6 +14,7 @@ import type {
   ChatToolCall,
 } from '../../../generated/api.d.ts';
 import type { HandlerGroups } from '../../handlers.ts';
+import type { Principal } from '../../http/auth.ts';
 import type { HandlerContext, ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
 import type { AbortLike } from '../../http/request-abort.ts';
@@ -405,76 +406,85 @@ export function createChatHandlers(deps: ChatHandlersDeps): HandlerGroups {
   }
 
   const handlers: HandlerGroups = {
-    createChatCompletion: async (ctx) => {
+    createChatCompletion: (ctx) => {
       const key = ctx.headers['idempotency-key'];
       const body = ctx.body as ChatCompletionRequest;
       // Streams ignore the key (nothing to replay); a non-streamed answer is stored and replayed for 24 h.
       if (!deps.idempotency || typeof key !== 'string' || body.stream || !ctx.principal) return run(ctx);
-      const principal = ctx.principal;
-      const scope = {
-        principal:
-          principal.kind === 'apiKey'
-            ? `${principal.accountId}:${principal.keyId}`
-            : `wallet:${principal.accountId}`,
-        operation: 'createChatCompletion',
-        key,
-      };
-      const begun = await deps.idempotency.begin(scope, {
-        requestHash: hashRequestBody(ctx.sentBody ?? body),
-      });
-      if (begun.kind === 'replay')
-        return {
-          status: 200 as const,
-          contentType: 'application/json',
-          body: begun.response.body,
-          headers: extend(begun.response.headers, { 'Idempotent-Replayed': 'true' }),
-        };
-      if (begun.kind === 'in_flight')
-        throw new ApiError(
-          409,
-          'A request with this Idempotency-Key is still being processed; retry after it completes',
-          {
-            code: 'IDEMPOTENCY_IN_FLIGHT',
-          },
-        );
-      if (begun.kind === 'mismatch')
-        throw new ApiError(400, 'This Idempotency-Key was already used with a different request body', {
-          code: 'IDEMPOTENCY_KEY_REUSED',
-        });
-      try {
-        const reply = await run(ctx);
-        if ('body' in reply && 'status' in reply && !('contentType' in reply)) {
-          const headers = Object.fromEntries(
-            Object.entries(reply.headers ?? {}).map(([k, v]) => [k, String(v)]),
-          );
-          await deps.idempotency.complete(
-            scope,
-            { status: reply.status, headers, body: JSON.stringify(reply.body) },
-            begun.owner,
-          );
-        }
-        return reply;
-      } catch (error) {
-        await deps.idempotency.abandon(scope, begun.owner).catch(() => {});
-        throw error;
-      }
+      return idempotent(ctx, deps.idempotency, key, ctx.principal);
     },
   };
   return handlers;
 
-  function run(ctx: HandlerContext<'createChatCompletion'>) {
-    return (async () => {
-      const principal = ctx.principal;
-      if (!principal) throw new ApiError(401, 'Authentication failed', { code: 'AUTHENTICATION_FAILED' });
-      const body = ctx.body as ChatCompletionRequest;
-      const sent = ctx.sentBody?.service_parameters as ChatCompletionRequest['service_parameters'];
-      const prepared = await chat.prepare({
-        body: extend(body, { service_parameters: sent ?? {} }),
-        principal,
-        requestId: ctx.requestId,
-        signalOf: () => ctx.signal,
+  /** The chat under an `Idempotency-Key`: run once, its answer stored; the same request again replays it. */
+  async function idempotent(
+    ctx: HandlerContext<'createChatCompletion'>,
+    idempotency: NonNullable<ChatHandlersDeps['idempotency']>,
+    key: string,
+    principal: Principal,
+  ) {
+    const body = ctx.body as ChatCompletionRequest;
+    const scope = {
+      principal:
+        principal.kind === 'apiKey'
+          ? `${principal.accountId}:${principal.keyId}`
+          : `wallet:${principal.accountId}`,
+      operation: 'createChatCompletion',
+      key,
+    };
+    const begun = await idempotency.begin(scope, {
+      requestHash: hashRequestBody(ctx.sentBody ?? body),
+    });
+    if (begun.kind === 'replay')
+      return {
+        status: 200 as const,
+        contentType: 'application/json',
+        body: begun.response.body,
+        headers: extend(begun.response.headers, { 'Idempotent-Replayed': 'true' }),
+      };
+    if (begun.kind === 'in_flight')
+      throw new ApiError(
+        409,
+        'A request with this Idempotency-Key is still being processed; retry after it completes',
+        {
+          code: 'IDEMPOTENCY_IN_FLIGHT',
+        },
+      );
+    if (begun.kind === 'mismatch')
+      throw new ApiError(400, 'This Idempotency-Key was already used with a different request body', {
+        code: 'IDEMPOTENCY_KEY_REUSED',
       });
-      return body.stream ? stream(ctx, prepared) : complete(ctx, prepared);
-    })();
+    try {
+      const reply = await run(ctx);
+      if ('body' in reply && 'status' in reply && !('contentType' in reply)) {
+        const headers = Object.fromEntries(
+          Object.entries(reply.headers ?? {}).map(([k, v]) => [k, String(v)]),
+        );
+        await idempotency.complete(
+          scope,
+          { status: reply.status, headers, body: JSON.stringify(reply.body) },
+          begun.owner,
+        );
+      }
+      return reply;
+    } catch (error) {
+      await idempotency.abandon(scope, begun.owner).catch(() => {});
+      throw error;
+    }
+  }
+
+  async function run(ctx: HandlerContext<'createChatCompletion'>) {
+    const principal = ctx.principal;
+    if (!principal) throw new ApiError(401, 'Authentication failed', { code: 'AUTHENTICATION_FAILED' });
+    const body = ctx.body as ChatCompletionRequest;
+    const sent = ctx.sentBody?.service_parameters as ChatCompletionRequest['service_parameters'];
+    const prepared = await chat.prepare({
+      body: extend(body, { service_parameters: sent ?? {} }),
+      principal,
+      requestId: ctx.requestId,
+      signalOf: () => ctx.signal,
+    });
+    // Awaited, not returned: an async function returning a promise resolves with it two microtasks later.
+    return body.stream ? await stream(ctx, prepared) : await complete(ctx, prepared);
   }
 }

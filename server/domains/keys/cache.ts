@@ -11,6 +11,8 @@
  *
  * `touchLastUsed` is also throttled here: one write per key per `lastUsedResolutionMs` from this process,
  * instead of an UPDATE statement per request that the database then finds to have nothing to do.
+ * `authenticateCached` and `touchIfDue` give the cache's answers themselves, without a promise, to the
+ * request path (a cached key's request then waits for nothing to be authenticated).
  */
 import type { ApiKeyRecord, ApiKeysRepository, AuthenticateResult } from '../../storage/api-keys.ts';
 import { hashSecret } from '../../storage/api-keys.ts';
@@ -27,7 +29,21 @@ export type ApiKeyCacheOptions = {
 
 type Entry = { key: ApiKeyRecord; digest: string; until: number };
 
-export function cacheApiKeys(keys: ApiKeysRepository, options: ApiKeyCacheOptions): ApiKeysRepository {
+/** The repository with the cache's answers that need no promise. */
+export type CachedApiKeys = ApiKeysRepository & {
+  /**
+   * `authenticate`'s answer itself when the secret's key is cached (a hit, or a cached key found expired);
+   * undefined when it must be looked up (call `authenticate`).
+   */
+  authenticateCached(secret: string, at?: number): AuthenticateResult | undefined;
+  /**
+   * `touchLastUsed` when the key's last use is due to be written; undefined, and nothing to wait for, when this
+   * process wrote it less than `lastUsedResolutionMs` ago.
+   */
+  touchIfDue(id: string, at?: number): Promise<void> | undefined;
+};
+
+export function cacheApiKeys(keys: ApiKeysRepository, options: ApiKeyCacheOptions): CachedApiKeys {
   const now = options.now ?? Date.now;
   const maxEntries = options.maxEntries ?? 10_000;
   const resolutionMs = options.lastUsedResolutionMs ?? 1000;
@@ -61,24 +77,44 @@ export function cacheApiKeys(keys: ApiKeysRepository, options: ApiKeyCacheOption
     digests.add(digest);
   }
 
+  function authenticateCached(secret: string, at: number = now()): AuthenticateResult | undefined {
+    const digest = hashSecret(secret);
+    const cached = byDigest.get(digest);
+    if (!cached) return undefined;
+    if (cached.until <= at) {
+      byDigest.delete(digest);
+      return undefined;
+    }
+    // The same checks as the repository's, on the cached record (it was neither revoked nor expired).
+    if (cached.key.expiresAtMs !== null && cached.key.expiresAtMs <= at) {
+      forget(cached.key.id);
+      return { ok: false, reason: 'expired' };
+    }
+    return { ok: true, key: cached.key };
+  }
+
+  function touchIfDue(id: string, at: number = now()): Promise<void> | undefined {
+    const last = touchedAt.get(id);
+    if (last !== undefined && at - last < resolutionMs) return undefined;
+    touchedAt.set(id, at);
+    if (touchedAt.size > maxEntries) {
+      const oldest = touchedAt.keys().next().value;
+      if (oldest !== undefined) touchedAt.delete(oldest);
+    }
+    return keys.touchLastUsed(id, at);
+  }
+
   return {
     ...keys,
 
+    authenticateCached,
+
     async authenticate(secret: string, at: number = now()): Promise<AuthenticateResult> {
-      const digest = hashSecret(secret);
-      const cached = byDigest.get(digest);
-      if (cached && cached.until > at) {
-        // The same checks as the repository's, on the cached record (it was neither revoked nor expired).
-        if (cached.key.expiresAtMs !== null && cached.key.expiresAtMs <= at) {
-          forget(cached.key.id);
-          return { ok: false, reason: 'expired' };
-        }
-        return { ok: true, key: cached.key };
-      }
-      if (cached) byDigest.delete(digest);
+      const known = authenticateCached(secret, at);
+      if (known) return known;
       const before = generation;
       const result = await keys.authenticate(secret, at);
-      if (result.ok && generation === before) remember(digest, result.key, at);
+      if (result.ok && generation === before) remember(hashSecret(secret), result.key, at);
       return result;
     },
 
@@ -101,15 +137,10 @@ export function cacheApiKeys(keys: ApiKeysRepository, options: ApiKeyCacheOption
       }
     },
 
+    touchIfDue,
+
     async touchLastUsed(id: string, at: number = now()): Promise<void> {
-      const last = touchedAt.get(id);
-      if (last !== undefined && at - last < resolutionMs) return;
-      touchedAt.set(id, at);
-      if (touchedAt.size > maxEntries) {
-        const oldest = touchedAt.keys().next().value;
-        if (oldest !== undefined) touchedAt.delete(oldest);
-      }
-      await keys.touchLastUsed(id, at);
+      await touchIfDue(id, at);
     },
   };
 }
