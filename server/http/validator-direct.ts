@@ -12,9 +12,9 @@
  *
  * `directValidator` wraps each of them: until its inner middleware exists, the library's own runs; the
  * factory's result, caught as the library builds it, is called directly afterwards, and a middleware that let
- * a request through without building one (path parameters; security, not validated here) becomes `next()`. The same functions run on the same
- * request in the same order, and a failure is `next(error)` as before (the sequence turns a synchronous
- * throw or a rejected promise into it, as the library's `catch(next)` did). The validator's instance is the
+ * a request through without building one (path parameters; security, not validated here) becomes `next()`.
+ * The same functions run on the same request in the same order, and a failure is `next(error)` as before (the
+ * sequence turns a synchronous throw or a rejected promise into it, as the library's `catch(next)` did). The validator's instance is the
  * one its `middleware()` leaves on `middleware._oav`; should a release of the validator no longer do so, or
  * rename the middlewares or their factories, the library's middlewares are kept unchanged
  * (`validatorDirect()` says which, and a unit test fails).
