@@ -10,6 +10,7 @@ import { createApp } from '../../server/app.ts';
 import { bootstrap } from '../../server/bootstrap.ts';
 import { loadConfig } from '../../server/config.ts';
 import { createServices, type Services } from '../../server/services.ts';
+import { awayFromMinuteEdge } from '../support/clock.ts';
 import { withCoverage } from '../support/coverage.ts';
 import { postgresPerFile } from '../support/postgres-per-file.ts';
 import { type RpcStandIn, startRpcStandIn } from '../support/rpc-upstream.ts';
@@ -83,8 +84,7 @@ describe('RPC caps on PostgreSQL shared by two instances', () => {
   test('behavior: the per-minute request cap admits exactly the limit', async () => {
     const url = await postgres().createDatabase('rpc_minute_cap');
     const env = { RPC_REQUESTS_PER_MINUTE: '7' };
-    const intoMinute = Date.now() % 60_000;
-    if (intoMinute > 50_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 100));
+    await awayFromMinuteEdge();
     const a = await startInstance(url, env);
     const b = await startInstance(url, env);
     const results = await burst([a.base, b.base], 16);

@@ -19,6 +19,7 @@ import { privateKeyToAccount } from 'viem/accounts';
 import { base } from 'viem/chains';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
 import { ANVIL_PRIVATE_KEYS, type StartedAnvil, startAnvil } from '../support/anvil.ts';
+import { awayFromMinuteEdge } from '../support/clock.ts';
 import { freePort } from '../support/process.ts';
 import { type RpcStandIn, startRpcStandIn } from '../support/rpc-upstream.ts';
 import { type StartedServer, startServer } from '../support/server.ts';
@@ -436,12 +437,6 @@ describe('POST /crypto/rpc/{network}: idempotency', () => {
   });
 });
 
-/** Keeps the per-minute window from turning over in the middle of a test. */
-async function earlyInMinute() {
-  const intoMinute = Date.now() % 60_000;
-  if (intoMinute > 50_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 100));
-}
-
 // The minute's counts held by the server process (one process on SQLite, the default) or in the rows (as
 // several workers count): either way a call refused after its count is not counted.
 describe.each([
@@ -479,7 +474,7 @@ describe.each([
       RPC_STAFF_ACCOUNTS: staffAccount,
       RPC_CREDITS_PER_DAY: '100',
     });
-    await earlyInMinute();
+    await awayFromMinuteEdge();
 
     const standardKey = await key(standard);
     for (let i = 0; i < 3; i++) expect((await postAs(standardKey, call('eth_blockNumber'))).status).toBe(200);
@@ -521,7 +516,7 @@ describe.each([
   test('behavior: calls refused for the balance (402) are not counted in the minute', async () => {
     const poor = (await capped.services.accounts.createApiAccount()).id;
     const poorKey = (await capped.services.keys.create({ accountId: poor, keyType: 'INFERENCE' })).secret;
-    await earlyInMinute();
+    await awayFromMinuteEdge();
     for (let i = 0; i < 4; i++) {
       const refused = await postAs(poorKey, call('eth_blockNumber'));
       expect(refused.status).toBe(402);
