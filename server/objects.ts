@@ -41,3 +41,8 @@ export function innerMap<K, L, V>(outer: Map<K, Map<L, V>>, key: K): Map<L, V> {
 export function isPromise<T>(value: T | Promise<T>): value is Promise<T> {
   return typeof (value as { then?: unknown } | undefined)?.then === 'function';
 }
+
+/** `then` applied to a hook's answer: at once to a value, after it resolves to a promise. */
+export function whenReady<T, R>(value: T | Promise<T>, then: (value: T) => R): R | Promise<Awaited<R>> {
+  return isPromise(value) ? (value.then(then) as Promise<Awaited<R>>) : then(value);
+}

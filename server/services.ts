@@ -39,7 +39,7 @@ import { NO_HEADERS, type ReplyHeaders } from './http/contract.ts';
 import { createInFlight } from './http/in-flight.ts';
 import { loadContract } from './http/spec.ts';
 import { formatUsdFixed, nanoToUsdNumber } from './money.ts';
-import { extend, innerMap, isPromise } from './objects.ts';
+import { extend, innerMap, whenReady } from './objects.ts';
 import { createMetrics } from './observability/metrics.ts';
 import { createSearxngSearch } from './providers/search/searxng.ts';
 import type { Facilitator } from './providers/x402/facilitator.ts';
@@ -136,12 +136,13 @@ export async function createServices(
     ttlMs: config.apiKeyCacheTtlMs,
   });
   const isPro = (accountId: string) => proFlags.get(accountId);
-  const tierOf = async (accountId: string) => ((await isPro(accountId)) ? 'partner' : 'paid');
-  /** The account's tier when its Pro flag is cached (no promise); undefined otherwise (await `tierOf`). */
-  const tierNow = (accountId: string): string | undefined => {
+  const tierName = (pro: boolean) => (pro ? 'partner' : 'paid');
+  /** The account's rate-limit tier: itself when its Pro flag is cached (no promise), else once read. */
+  const tierAt = (accountId: string): string | Promise<string> => {
     const pro = proFlags.peek(accountId);
-    return pro && (pro.value ? 'partner' : 'paid');
+    return pro ? tierName(pro.value) : isPro(accountId).then(tierName);
   };
+  const tierOf = async (accountId: string) => tierAt(accountId);
   const limiter = createRateLimiter({ rateLimits, catalog });
   const wallet = createWalletDomain({
     config,
@@ -222,12 +223,8 @@ export async function createServices(
     isPro,
     providerFor: createChatProviders({ config, metrics }),
     callBeforeHold: config.chat.callBeforeHold,
-    tokenCount(principal, modelId, tokens) {
-      const tier = tierNow(principal.accountId);
-      return tier
-        ? limiter.tokenCount(principal, tier, modelId, tokens)
-        : tierOf(principal.accountId).then((known) => limiter.tokenCount(principal, known, modelId, tokens));
-    },
+    tokenCount: (principal, modelId, tokens) =>
+      whenReady(tierAt(principal.accountId), (tier) => limiter.tokenCount(principal, tier, modelId, tokens)),
     convertFile: createFileConverter(),
     web: {
       scraper: createScraper(config.scrape),
@@ -388,13 +385,10 @@ export async function createServices(
       // not the model's (40 queued jobs a minute would allow little polling).
       const budget = operationId === 'retrieveVideo' || operationId === 'completeVideo' ? undefined : model;
       // At once, no promise, when the tier is cached and the counts are held (one SQLite process).
-      const tier = tierNow(principal.accountId);
-      const admission = tier
-        ? limiter.admit(principal, tier, budget)
-        : tierOf(principal.accountId).then((known) => limiter.admit(principal, known, budget));
-      return isPromise(admission)
-        ? admission.then((admitted) => withNotices(admitted.headers))
-        : withNotices(admission.headers);
+      const admission = whenReady(tierAt(principal.accountId), (tier) =>
+        limiter.admit(principal, tier, budget),
+      );
+      return whenReady(admission, (admitted) => withNotices(admitted.headers));
     },
     answerHeaders: ({ operationId, principal }) =>
       inferenceOperations.has(operationId) ? balanceHeaders(principal) : NO_HEADERS,

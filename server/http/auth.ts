@@ -12,7 +12,7 @@
  * failing scheme's status and message, and it rejects a missing header before any handler runs.
  */
 import type { Request } from 'express';
-import { isPromise } from '../objects.ts';
+import { whenReady } from '../objects.ts';
 import { ApiError, adminKeyRequired, unauthorized } from './errors.ts';
 import { accepts, isPublic, type OperationInfo } from './spec.ts';
 
@@ -89,10 +89,7 @@ export function resolvePrincipal(
   }
   if (bearer !== undefined) {
     if (bearer === '') throw unauthorized('Malformed Authorization header: expected "Bearer <API key>"');
-    const principal = ports.authenticateApiKey(bearer);
-    return isPromise(principal)
-      ? principal.then((found) => keyAllowed(found, op))
-      : keyAllowed(principal, op);
+    return whenReady(ports.authenticateApiKey(bearer), (found) => keyAllowed(found, op));
   }
   if (isPublic(op)) return undefined;
   if (op.declaresPaymentRequired) {

@@ -7,7 +7,7 @@
 import { performance } from 'node:perf_hooks';
 import type { Principal } from '../../http/auth.ts';
 import { ApiError } from '../../http/errors.ts';
-import { isPromise } from '../../objects.ts';
+import { whenReady } from '../../objects.ts';
 import { InsufficientBalanceError, KeySpendLimitError } from '../../storage/errors.ts';
 import {
   type BalanceBefore,
@@ -258,7 +258,7 @@ export function createCharges(deps: ChargesDeps) {
         deps.ledger.captureWith(reservation, { items }, statements);
       const done = new Promise<void>((resolve) => process.nextTick(resolve))
         // The caller's statements awaited only when they are a promise.
-        .then(() => (isPromise(within) ? within.then(capture) : capture(within)))
+        .then(() => whenReady(within, capture))
         .then(
           () => undefined,
           async (error: unknown) => {

@@ -78,7 +78,11 @@ export function cacheApiKeys(keys: ApiKeysRepository, options: ApiKeyCacheOption
   }
 
   function authenticateCached(secret: string, at: number = now()): AuthenticateResult | undefined {
-    const digest = hashSecret(secret);
+    return cachedResult(hashSecret(secret), at);
+  }
+
+  /** The cached answer for a secret's digest (see authenticateCached). */
+  function cachedResult(digest: string, at: number): AuthenticateResult | undefined {
     const cached = byDigest.get(digest);
     if (!cached) return undefined;
     if (cached.until <= at) {
@@ -110,11 +114,13 @@ export function cacheApiKeys(keys: ApiKeysRepository, options: ApiKeyCacheOption
     authenticateCached,
 
     async authenticate(secret: string, at: number = now()): Promise<AuthenticateResult> {
-      const known = authenticateCached(secret, at);
+      // The secret hashed once, for the lookup and for what is remembered.
+      const digest = hashSecret(secret);
+      const known = cachedResult(digest, at);
       if (known) return known;
       const before = generation;
       const result = await keys.authenticate(secret, at);
-      if (result.ok && generation === before) remember(hashSecret(secret), result.key, at);
+      if (result.ok && generation === before) remember(digest, result.key, at);
       return result;
     },
 

@@ -10,6 +10,7 @@ import type { CatalogService } from '../../catalog/service.ts';
 import type { Principal } from '../../http/auth.ts';
 import type { ReplyHeaders } from '../../http/contract.ts';
 import { ApiError } from '../../http/errors.ts';
+import { whenReady } from '../../objects.ts';
 import type { EmbeddedWrite, StatementRunner } from '../../storage/internal.ts';
 import type {
   AdmitResult,
@@ -180,8 +181,7 @@ export function createRateLimiter(deps: RateLimiterDeps) {
           };
         };
         // At once when the counts are in memory; otherwise after the statement.
-        const decided = deps.rateLimits.admitNow(input);
-        return decided ? managed(decided) : deps.rateLimits.admit(input).then(managed);
+        return whenReady(deps.rateLimits.admitNow(input) ?? deps.rateLimits.admit(input), managed);
       }
       const names = buckets.model(principal, model.id);
       // Checked in this order, which is also the order of precedence when several refuse: the tokens (room
@@ -235,8 +235,7 @@ export function createRateLimiter(deps: RateLimiterDeps) {
       // wallet-paid chats a second: bench/HISTORY.md, thirty-fourth round). With the counts in memory (one
       // SQLite process), decided at once, no statement and no promise.
       const input = { windows, now: at, joinShared: principal.kind === 'apiKey' };
-      const decided = deps.rateLimits.admitNow(input);
-      return decided ? counted(decided) : deps.rateLimits.admit(input).then(counted);
+      return whenReady(deps.rateLimits.admitNow(input) ?? deps.rateLimits.admit(input), counted);
     },
 
     /**
