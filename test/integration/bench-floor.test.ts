@@ -122,6 +122,18 @@ test("the floor writes a chat's and an RPC call's rows, and forwards without wri
       { sku: 'output_tokens', n: 3n, total: -3n * 16n * 2_800n },
       { sku: 'rpc_credits', n: 1n, total: -20n * 700n },
     ]);
+    // Its rows' ids are time-ordered (UUIDv7), as the server's storage makes them: each insert at the end of
+    // its id index (random ones cost the floor about 40% of its chats a second, bench/HISTORY.md).
+    const uuidV7 = /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+    const entryIds = db
+      .prepare('select id from ledger_entries where type = ? order by seq')
+      .pluck()
+      .all('CHARGE');
+    const reservationIds = db.prepare('select id from reservations').pluck().all();
+    expect(entryIds).toHaveLength(7);
+    expect(reservationIds).toHaveLength(4);
+    for (const id of [...entryIds, ...reservationIds]) expect(id).toMatch(uuidV7);
+    expect([...(entryIds as string[])].sort()).toEqual(entryIds);
     const after = db.prepare('select usd_balance_nano, usd_reserved_nano from accounts').get();
     expect(after).toEqual({
       usd_balance_nano: before.usd_balance_nano - 3n * (20n * 700n + 16n * 2_800n) - 20n * 700n,
