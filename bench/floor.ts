@@ -14,18 +14,20 @@
  *   server/storage/held-reservations.ts); in the next event-loop turn (the work), a JSON answer, and in
  *   another transaction, which the answer does not wait for (the server's `Charges.captureDetached`; until the
  *   forty-fourth round the answer came after it), the reservation's row written settled, the account
- *   charged, two ledger entries (input and output tokens). Its three rate-limit windows and its tokens are
- *   counted in memory and written behind every 50 ms, as one server process on SQLite does (`countHeld`).
+ *   charged, two ledger entries (input and output tokens), the key's spend of the day. Its three rate-limit
+ *   windows and its tokens are counted in memory and written behind every 50 ms, as one server process on
+ *   SQLite does (`countHeld`).
  * - `POST /rpc`: a JSON-RPC call's writes around a forward to `FLOOR_UPSTREAM`: the reservation before (its
  *   per-minute count held in memory as a chat's windows are); the upstream's bytes, then the capture (one
- *   ledger entry), which the answer does not wait for (until the forty-fourth round it came after it).
+ *   ledger entry, the key's spend of the day), which the answer does not wait for (until the forty-fourth
+ *   round it came after it).
  * - `POST /proxy`: the forward alone, no writes: what a bare proxy adds on this machine.
  * - `POST /upstream`: a streamed chat through an OpenAI-compatible upstream (`FLOOR_CHAT_UPSTREAM`'s
  *   `/v1/chat/completions`), as the server's upstream adapter does it: the chat's reservation (its three
  *   rate-limit windows counted in memory) before; the upstream's events parsed as they come, each re-emitted
  *   to the client with the request's id and model, its usage taken; then the final frames and,
- *   in the same event-loop turn, the capture (two ledger entries; the tokens counted in memory), which the
- *   answer does not wait for (the server's `Charges.captureDetached`).
+ *   in the same event-loop turn, the capture (two ledger entries, the key's spend of the day; the tokens
+ *   counted in memory), which the answer does not wait for (the server's `Charges.captureDetached`).
  *
  * The forwards go out as the server's do: undici's dispatcher with kept-alive connections per upstream and a
  * handler's callbacks (`server/providers/upstream-connections.ts`), so that the floor stays below what the
@@ -102,6 +104,12 @@ const statements = {
   ),
   charge: db.prepare(
     'update accounts set usd_balance_nano = usd_balance_nano - ? where id = ? returning usd_balance_nano',
+  ),
+  // The key's spend of the day (what its listing's trailing spend and a spend limit read), as the server's
+  // capture adds it for every charge of a key (since the forty-ninth round here; before, the floor left it out).
+  spendDay: db.prepare(
+    `insert into api_key_spend_days (api_key_id, epoch_day, currency, net_nano) values (?, ?, 'USD', ?)
+       on conflict (api_key_id, epoch_day, currency) do update set net_nano = net_nano + excluded.net_nano`,
   ),
   entry: db.prepare(
     `insert into ledger_entries (id, account_id, api_key_id, reservation_id, type, currency, amount_nano,
@@ -220,6 +228,7 @@ function capture(
       at,
     );
   }
+  statements.spendDay.run(key.id, at / DAY, -cost);
   if (tokens > 0n) countHeld(`key:${key.id}:model:${billed.model}:TPM`, at - (at % MINUTE), tokens);
 }
 
