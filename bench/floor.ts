@@ -38,12 +38,13 @@
  * `fundedKey`); `FLOOR_UPSTREAM`: the upstream's origin for `/rpc` and `/proxy`; `FLOOR_CHAT_UPSTREAM`: the chat
  * upstream's origin for `/upstream` (bench/upstream.ts). Listens on 127.0.0.1.
  */
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import Sqlite from 'better-sqlite3';
 import { type Dispatcher, Pool } from 'undici';
 import { IDLE_POLL_US, pollWhileServing } from '../server/http/idle-poll.ts';
 import { createInFlight } from '../server/http/in-flight.ts';
+import { randomHex } from '../server/http/random-hex.ts';
 import { UPSTREAM_CONNECTIONS } from '../server/providers/upstream-connections.ts';
 import {
   CHECKPOINT_INTERVAL_MS,
@@ -483,7 +484,9 @@ function handle(req: IncomingMessage, res: ServerResponse, payload: Buffer): voi
   const body = JSON.parse(payload.toString('utf8')) as ChatBody;
   const billed: Billed = {
     reservationId: newId(),
-    requestId: randomBytes(16).toString('hex'),
+    // From a pool of random bytes, as the server's request ids (`randomBytes` a request: 2.4 µs of the floor's
+    // main thread under `perf`, forty-ninth round).
+    requestId: randomHex(16),
     model: body.model ?? 'base-mainnet',
   };
   const failed = () => reply(res, 502, '{"error":"upstream failed"}');
