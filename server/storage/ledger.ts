@@ -2240,9 +2240,70 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     });
   }
 
+  /** The multi-row inserts of writeCapturedRows, by row count (compiled once each). */
+  const capturedRowInserts = new Map<
+    number,
+    (runner: Executor, ...values: unknown[]) => Promise<unknown[]>
+  >();
+  const RESERVATION_COLUMNS = 12;
+
+  /**
+   * The rows of the batch's reservations, written captured: one statement (a lone capture's is `captureIn`'s
+   * own), its rows in the batch's order, with the values `writeReservation` gives each.
+   */
+  async function writeCapturedRows(trx: Transaction<Tables>, batch: readonly HeldCapture[]): Promise<void> {
+    if (batch.length === 1) {
+      const only = batch[0] as HeldCapture;
+      await writeReservation(trx, only.reservation, 'captured', only.at);
+      return;
+    }
+    let insert = capturedRowInserts.get(batch.length);
+    if (!insert) {
+      insert = compiledOnce((...values: unknown[]) =>
+        db.insertInto('reservations').values(
+          batch.map((_, row) => {
+            const value = <V>(column: number) => values[row * RESERVATION_COLUMNS + column] as V;
+            return {
+              id: value<string>(0),
+              account_id: value<string>(1),
+              api_key_id: value<string | null>(2),
+              request_id: value<string>(3),
+              model_id: value<string | null>(4),
+              usd_nano: value<bigint>(5),
+              diem_nano: value<bigint>(6),
+              epoch_day: value<number>(7),
+              status: value<ReservationStatus>(8),
+              created_at_ms: value<number>(9),
+              expires_at_ms: value<number>(10),
+              settled_at_ms: value<number | null>(11),
+            };
+          }),
+        ),
+      ) as (runner: Executor, ...values: unknown[]) => Promise<unknown[]>;
+      capturedRowInserts.set(batch.length, insert);
+    }
+    const values: unknown[] = [];
+    for (const { reservation: r, at } of batch)
+      values.push(
+        r.id,
+        r.accountId,
+        r.apiKeyId,
+        r.requestId,
+        r.modelId,
+        r.usdNano,
+        r.diemNano,
+        r.epochDay,
+        'captured',
+        r.createdAtMs,
+        r.expiresAtMs,
+        at,
+      );
+    await insert(trx, ...values);
+  }
+
   /**
    * The captures of `batch` (reservations of USD held in memory) in one function of a commit group, in the
-   * order of `captureIn`'s statements: each reservation's row written captured (the entries refer to it);
+   * order of `captureIn`'s statements: the reservations' rows written captured (the entries refer to them);
    * each account settled by the USD its captures charged and its balances read, once; every entry in one
    * statement, each with the balance left after it as if the captures had run one after the other in `batch`'s
    * order (so also their `seq`s), and the keys' spend; then each capture's `within`, in that order.
@@ -2251,7 +2312,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     trx: Transaction<Tables>,
     batch: readonly HeldCapture[],
   ): Promise<CaptureResult[]> {
-    for (const c of batch) await writeReservation(trx, c.reservation, 'captured', c.at);
+    await writeCapturedRows(trx, batch);
     // By account: the USD its captures charge, then its balance before the first of them and its stake.
     const accounts = new Map<string, { charged: bigint; balance: bigint; stake: bigint }>();
     for (const c of batch) {

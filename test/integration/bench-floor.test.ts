@@ -123,7 +123,10 @@ test("the floor writes a chat's and an RPC call's rows, and forwards without wri
       { sku: 'rpc_credits', n: 1n, total: -20n * 700n },
     ]);
     // The key's spend of the day, as the server's capture adds it: its charges' sum (they are negative).
-    const charged = db.prepare(`select sum(amount_nano) from ledger_entries where type = 'CHARGE'`).pluck().get();
+    const charged = db
+      .prepare(`select sum(amount_nano) from ledger_entries where type = 'CHARGE'`)
+      .pluck()
+      .get();
     expect(db.prepare('select sum(net_nano) from api_key_spend_days').pluck().get()).toBe(charged);
     // Its rows' ids are time-ordered (UUIDv7), as the server's storage makes them: each insert at the end of
     // its id index (random ones cost the floor about 40% of its chats a second, bench/HISTORY.md).
