@@ -14,9 +14,10 @@
  *   server/storage/held-reservations.ts); in the next event-loop turn (the work), a JSON answer, and in
  *   another transaction, which the answer does not wait for (the server's `Charges.captureDetached`; until the
  *   forty-fourth round the answer came after it), the reservation's row written settled, the account
- *   charged, two ledger entries (input and output tokens), the key's spend of the day. Its three rate-limit
- *   windows and its tokens are counted in memory and written behind every 50 ms, as one server process on
- *   SQLite does (`countHeld`).
+ *   charged, two ledger entries (input and output tokens), the key's spend of the day: the captures of one
+ *   commit group written together, as the server's are since the forty-ninth round (`writeCaptures`). Its
+ *   three rate-limit windows and its tokens are counted in memory and written behind every 50 ms, as one
+ *   server process on SQLite does (`countHeld`).
  * - `POST /rpc`: a JSON-RPC call's writes around a forward to `FLOOR_UPSTREAM`: the reservation before (its
  *   per-minute count held in memory as a chat's windows are); the upstream's bytes, then the capture (one
  *   ledger entry, the key's spend of the day), which the answer does not wait for (until the forty-fourth
@@ -99,10 +100,6 @@ const statements = {
     `insert into rate_limit_counters (bucket, window_start_ms, used) values (?, ?, ?)
        on conflict (bucket, window_start_ms) do update set used = used + excluded.used`,
   ),
-  settled: db.prepare(
-    `insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano, epoch_day,
-       status, created_at_ms, expires_at_ms, settled_at_ms) values (?, ?, ?, ?, ?, ?, 0, ?, 'captured', ?, ?, ?)`,
-  ),
   charge: db.prepare(
     'update accounts set usd_balance_nano = usd_balance_nano - ? where id = ? returning usd_balance_nano',
   ),
@@ -111,11 +108,6 @@ const statements = {
   spendDay: db.prepare(
     `insert into api_key_spend_days (api_key_id, epoch_day, currency, net_nano) values (?, ?, 'USD', ?)
        on conflict (api_key_id, epoch_day, currency) do update set net_nano = net_nano + excluded.net_nano`,
-  ),
-  entry: db.prepare(
-    `insert into ledger_entries (id, account_id, api_key_id, reservation_id, type, currency, amount_nano,
-       balance_after_nano, request_id, model_id, sku, units, unit_price_nano, created_at_ms)
-       values (?, ?, ?, ?, 'CHARGE', 'USD', ?, ?, ?, ?, ?, ?, ?, ?)`,
   ),
 };
 
@@ -190,6 +182,15 @@ function reserve(billed: Billed, buckets: string[]): void {
   billed.createdAt = at;
 }
 
+/** A capture asked for in a commit group's transaction, written with the group's others (writeCaptures). */
+type Capture = {
+  billed: Billed;
+  parts: Array<{ sku: string; units: bigint; priceNano: bigint }>;
+  at: bigint;
+  cost: bigint;
+};
+const captures: Capture[] = [];
+
 function capture(
   billed: Billed,
   parts: Array<{ sku: string; units: bigint; priceNano: bigint }>,
@@ -197,40 +198,86 @@ function capture(
 ) {
   const at = BigInt(Date.now());
   const cost = parts.reduce((sum, p) => sum + p.units * p.priceNano, 0n);
-  const createdAt = billed.createdAt ?? at;
-  statements.settled.run(
-    billed.reservationId,
-    key.account_id,
-    key.id,
-    billed.requestId,
-    billed.model,
-    RESERVE_NANO,
-    createdAt / DAY,
-    createdAt,
-    createdAt + 10n * MINUTE,
-    at,
-  );
-  const [row] = statements.charge.all(cost, key.account_id) as [{ usd_balance_nano: bigint }];
+  captures.push({ billed, parts, at, cost });
   // Let go of once the capture is written (the server lets go once it is committed).
   heldNano -= RESERVE_NANO;
-  for (const part of parts) {
-    statements.entry.run(
-      newId(),
+  if (tokens > 0n) countHeld(`key:${key.id}:model:${billed.model}:TPM`, at - (at % MINUTE), tokens);
+}
+
+/** The multi-row inserts of writeCaptures, by row count. */
+const manyRows = new Map<string, Sqlite.Statement>();
+function rowsOf(table: 'settled' | 'entries', rows: number): Sqlite.Statement {
+  const name = `${table}:${rows}`;
+  let statement = manyRows.get(name);
+  if (!statement) {
+    statement = db.prepare(
+      table === 'settled'
+        ? `insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano,
+             epoch_day, status, created_at_ms, expires_at_ms, settled_at_ms)
+             values ${Array(rows).fill("(?, ?, ?, ?, ?, ?, 0, ?, 'captured', ?, ?, ?)").join(', ')}`
+        : `insert into ledger_entries (id, account_id, api_key_id, reservation_id, type, currency, amount_nano,
+             balance_after_nano, request_id, model_id, sku, units, unit_price_nano, created_at_ms)
+             values ${Array(rows).fill("(?, ?, ?, ?, 'CHARGE', 'USD', ?, ?, ?, ?, ?, ?, ?, ?)").join(', ')}`,
+    );
+    manyRows.set(name, statement);
+  }
+  return statement;
+}
+
+/**
+ * The captures of a commit group, written together as the server's are (ledger.ts `writeHeldCaptures`, since
+ * the forty-ninth round): the reservations' rows in one insert, the account charged once, every entry in one
+ * insert with the balance left after it, the key's spend once per day.
+ */
+function writeCaptures(): void {
+  if (captures.length === 0) return;
+  const batch = captures.splice(0);
+  const settled: unknown[] = [];
+  let total = 0n;
+  for (const { billed, at, cost } of batch) {
+    const createdAt = billed.createdAt ?? at;
+    settled.push(
+      billed.reservationId,
       key.account_id,
       key.id,
-      billed.reservationId,
-      -part.units * part.priceNano,
-      row.usd_balance_nano,
       billed.requestId,
       billed.model,
-      part.sku,
-      String(part.units),
-      String(part.priceNano),
+      RESERVE_NANO,
+      createdAt / DAY,
+      createdAt,
+      createdAt + 10n * MINUTE,
       at,
     );
+    total += cost;
   }
-  statements.spendDay.run(key.id, at / DAY, -cost);
-  if (tokens > 0n) countHeld(`key:${key.id}:model:${billed.model}:TPM`, at - (at % MINUTE), tokens);
+  rowsOf('settled', batch.length).run(...settled);
+  const [row] = statements.charge.all(total, key.account_id) as [{ usd_balance_nano: bigint }];
+  let balance = row.usd_balance_nano + total;
+  const entries: unknown[] = [];
+  const days = new Map<bigint, bigint>();
+  for (const { billed, parts, at, cost } of batch) {
+    for (const part of parts) {
+      const amount = part.units * part.priceNano;
+      balance -= amount;
+      entries.push(
+        newId(),
+        key.account_id,
+        key.id,
+        billed.reservationId,
+        -amount,
+        balance,
+        billed.requestId,
+        billed.model,
+        part.sku,
+        String(part.units),
+        String(part.priceNano),
+        at,
+      );
+    }
+    days.set(at / DAY, (days.get(at / DAY) ?? 0n) - cost);
+  }
+  if (entries.length > 0) rowsOf('entries', entries.length / 12).run(...entries);
+  for (const [day, net] of days) statements.spendDay.run(key.id, day, net);
 }
 
 /**
@@ -241,6 +288,7 @@ function capture(
 const queued: Array<{ write: () => void; done: () => void }> = [];
 const runGroup = db.transaction((writes: typeof queued) => {
   for (const { write } of writes) write();
+  writeCaptures();
 });
 let sharedUntil = 0;
 function flush(writes: typeof queued): void {

@@ -122,6 +122,18 @@ test("the floor writes a chat's and an RPC call's rows, and forwards without wri
       { sku: 'output_tokens', n: 3n, total: -3n * 16n * 2_800n },
       { sku: 'rpc_credits', n: 1n, total: -20n * 700n },
     ]);
+    // Each entry records the balance it left, one after the other in `seq` order (the captures of a commit
+    // group are written together, as the server's).
+    const chain = db
+      .prepare('select amount_nano, balance_after_nano from ledger_entries order by seq')
+      .all() as Array<{
+      amount_nano: bigint;
+      balance_after_nano: bigint;
+    }>;
+    for (let i = 1; i < chain.length; i++)
+      expect(chain[i]?.balance_after_nano).toBe(
+        (chain[i - 1]?.balance_after_nano ?? 0n) + (chain[i]?.amount_nano ?? 0n),
+      );
     // The key's spend of the day, as the server's capture adds it: its charges' sum (they are negative).
     const charged = db
       .prepare(`select sum(amount_nano) from ledger_entries where type = 'CHARGE'`)
