@@ -204,25 +204,35 @@ function capture(
   if (tokens > 0n) countHeld(`key:${key.id}:model:${billed.model}:TPM`, at - (at % MINUTE), tokens);
 }
 
-/** The multi-row inserts of writeCaptures, by row count. */
-const manyRows = new Map<string, Sqlite.Statement>();
-function rowsOf(table: 'settled' | 'entries', rows: number): Sqlite.Statement {
-  const name = `${table}:${rows}`;
-  let statement = manyRows.get(name);
+/** An insert of `rows` rows of `row`'s placeholders, prepared once per row count (kept in `inserts`). */
+function insertOf(inserts: Sqlite.Statement[], head: string, row: string, rows: number): Sqlite.Statement {
+  let statement = inserts[rows];
   if (!statement) {
-    statement = db.prepare(
-      table === 'settled'
-        ? `insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano,
-             epoch_day, status, created_at_ms, expires_at_ms, settled_at_ms)
-             values ${Array(rows).fill("(?, ?, ?, ?, ?, ?, 0, ?, 'captured', ?, ?, ?)").join(', ')}`
-        : `insert into ledger_entries (id, account_id, api_key_id, reservation_id, type, currency, amount_nano,
-             balance_after_nano, request_id, model_id, sku, units, unit_price_nano, created_at_ms)
-             values ${Array(rows).fill("(?, ?, ?, ?, 'CHARGE', 'USD', ?, ?, ?, ?, ?, ?, ?, ?)").join(', ')}`,
-    );
-    manyRows.set(name, statement);
+    statement = db.prepare(`${head} values ${Array(rows).fill(row).join(', ')}`);
+    inserts[rows] = statement;
   }
   return statement;
 }
+/** writeCaptures' inserts by row count: the reservations' rows, written captured, and the entries. */
+const settledInserts: Sqlite.Statement[] = [];
+const settledRows = (rows: number) =>
+  insertOf(
+    settledInserts,
+    `insert into reservations (id, account_id, api_key_id, request_id, model_id, usd_nano, diem_nano, epoch_day,
+       status, created_at_ms, expires_at_ms, settled_at_ms)`,
+    "(?, ?, ?, ?, ?, ?, 0, ?, 'captured', ?, ?, ?)",
+    rows,
+  );
+const entryInserts: Sqlite.Statement[] = [];
+const ENTRY_VALUES = 12;
+const entryRows = (rows: number) =>
+  insertOf(
+    entryInserts,
+    `insert into ledger_entries (id, account_id, api_key_id, reservation_id, type, currency, amount_nano,
+       balance_after_nano, request_id, model_id, sku, units, unit_price_nano, created_at_ms)`,
+    "(?, ?, ?, ?, 'CHARGE', 'USD', ?, ?, ?, ?, ?, ?, ?, ?)",
+    rows,
+  );
 
 /**
  * The captures of a commit group, written together as the server's are (ledger.ts `writeHeldCaptures`, since
@@ -250,7 +260,7 @@ function writeCaptures(): void {
     );
     total += cost;
   }
-  rowsOf('settled', batch.length).run(...settled);
+  settledRows(batch.length).run(...settled);
   const [row] = statements.charge.all(total, key.account_id) as [{ usd_balance_nano: bigint }];
   let balance = row.usd_balance_nano + total;
   const entries: unknown[] = [];
@@ -276,7 +286,7 @@ function writeCaptures(): void {
     }
     days.set(at / DAY, (days.get(at / DAY) ?? 0n) - cost);
   }
-  if (entries.length > 0) rowsOf('entries', entries.length / 12).run(...entries);
+  if (entries.length > 0) entryRows(entries.length / ENTRY_VALUES).run(...entries);
   for (const [day, net] of days) statements.spendDay.run(key.id, day, net);
 }
 

@@ -698,46 +698,31 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
   /**
    * A reservation's row: `held` (a reservation in the rows, `settledAtMs` null), or written once settled (one
    * held in memory: held-reservations.ts). Exactly these values (an INSERT without ON CONFLICT writes it or
-   * throws): not read back.
+   * throws): not read back. `value(column)` gives the row's values in `reservationValues`' order.
    */
-  const insertReservation = compiledOnce(
-    (
-      id: string,
-      accountId: string,
-      apiKeyId: string | null,
-      requestId: string,
-      modelId: string | null,
-      usdNano: bigint,
-      diemNano: bigint,
-      epochDay: number,
-      status: ReservationStatus,
-      createdAtMs: number,
-      expiresAtMs: number,
-      settledAtMs: number | null,
-    ) =>
-      db.insertInto('reservations').values({
-        id,
-        account_id: accountId,
-        api_key_id: apiKeyId,
-        request_id: requestId,
-        model_id: modelId,
-        usd_nano: usdNano,
-        diem_nano: diemNano,
-        epoch_day: epochDay,
-        status,
-        created_at_ms: createdAtMs,
-        expires_at_ms: expiresAtMs,
-        settled_at_ms: settledAtMs,
-      }),
-  );
-  const writeReservation = (
-    trx: Transaction<Tables>,
+  const reservationRow = (value: (column: number) => unknown) => ({
+    id: value(0) as string,
+    account_id: value(1) as string,
+    api_key_id: value(2) as string | null,
+    request_id: value(3) as string,
+    model_id: value(4) as string | null,
+    usd_nano: value(5) as bigint,
+    diem_nano: value(6) as bigint,
+    epoch_day: value(7) as number,
+    status: value(8) as ReservationStatus,
+    created_at_ms: value(9) as number,
+    expires_at_ms: value(10) as number,
+    settled_at_ms: value(11) as number | null,
+  });
+  const RESERVATION_COLUMNS = 12;
+  /** Appends the values of `reservation`'s row written with `status` to `values`, in reservationRow's order. */
+  const reservationValues = (
+    values: unknown[],
     reservation: Reservation,
     status: ReservationStatus,
     settledAtMs: number | null,
   ) =>
-    insertReservation(
-      trx,
+    values.push(
       reservation.id,
       reservation.accountId,
       reservation.apiKeyId,
@@ -751,6 +736,40 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       reservation.expiresAtMs,
       settledAtMs,
     );
+  type RowsInsert = (runner: Executor, ...values: unknown[]) => Promise<unknown[]>;
+  /**
+   * The insert of `rows` reservations' rows (one statement), compiled once per row count: one row for a
+   * reservation's own, up to GROUP_COMMIT_MAX for the captures written together (writeHeldCaptures).
+   */
+  const reservationInserts: RowsInsert[] = [];
+  function insertReservations(rows: number): RowsInsert {
+    let insert = reservationInserts[rows];
+    if (!insert) {
+      insert = compiledOnce((...values: unknown[]) =>
+        db
+          .insertInto('reservations')
+          .values(
+            rows === 1
+              ? reservationRow((column) => values[column])
+              : Array.from({ length: rows }, (_, row) =>
+                  reservationRow((column) => values[row * RESERVATION_COLUMNS + column]),
+                ),
+          ),
+      ) as RowsInsert;
+      if (rows <= GROUP_COMMIT_MAX) reservationInserts[rows] = insert;
+    }
+    return insert;
+  }
+  const writeReservation = (
+    trx: Transaction<Tables>,
+    reservation: Reservation,
+    status: ReservationStatus,
+    settledAtMs: number | null,
+  ) => {
+    const values: unknown[] = [];
+    reservationValues(values, reservation, status, settledAtMs);
+    return insertReservations(1)(trx, ...values);
+  };
   /**
    * Settles a reservation held in memory without capturing it (`released`, `expired`): its row written so; the
    * reservation as it now is, or NOT_HELD when it is not held here.
@@ -2240,65 +2259,11 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     });
   }
 
-  /** The multi-row inserts of writeCapturedRows, by row count (compiled once each). */
-  const capturedRowInserts = new Map<
-    number,
-    (runner: Executor, ...values: unknown[]) => Promise<unknown[]>
-  >();
-  const RESERVATION_COLUMNS = 12;
-
-  /**
-   * The rows of the batch's reservations, written captured: one statement (a lone capture's is `captureIn`'s
-   * own), its rows in the batch's order, with the values `writeReservation` gives each.
-   */
+  /** The rows of the batch's reservations, written captured, in one statement in the batch's order. */
   async function writeCapturedRows(trx: Transaction<Tables>, batch: readonly HeldCapture[]): Promise<void> {
-    if (batch.length === 1) {
-      const only = batch[0] as HeldCapture;
-      await writeReservation(trx, only.reservation, 'captured', only.at);
-      return;
-    }
-    let insert = capturedRowInserts.get(batch.length);
-    if (!insert) {
-      insert = compiledOnce((...values: unknown[]) =>
-        db.insertInto('reservations').values(
-          batch.map((_, row) => {
-            const value = <V>(column: number) => values[row * RESERVATION_COLUMNS + column] as V;
-            return {
-              id: value<string>(0),
-              account_id: value<string>(1),
-              api_key_id: value<string | null>(2),
-              request_id: value<string>(3),
-              model_id: value<string | null>(4),
-              usd_nano: value<bigint>(5),
-              diem_nano: value<bigint>(6),
-              epoch_day: value<number>(7),
-              status: value<ReservationStatus>(8),
-              created_at_ms: value<number>(9),
-              expires_at_ms: value<number>(10),
-              settled_at_ms: value<number | null>(11),
-            };
-          }),
-        ),
-      ) as (runner: Executor, ...values: unknown[]) => Promise<unknown[]>;
-      capturedRowInserts.set(batch.length, insert);
-    }
     const values: unknown[] = [];
-    for (const { reservation: r, at } of batch)
-      values.push(
-        r.id,
-        r.accountId,
-        r.apiKeyId,
-        r.requestId,
-        r.modelId,
-        r.usdNano,
-        r.diemNano,
-        r.epochDay,
-        'captured',
-        r.createdAtMs,
-        r.expiresAtMs,
-        at,
-      );
-    await insert(trx, ...values);
+    for (const { reservation, at } of batch) reservationValues(values, reservation, 'captured', at);
+    await insertReservations(batch.length)(trx, ...values);
   }
 
   /**
