@@ -96,6 +96,33 @@ type Draw = { word: string; logprob: number; alternatives: { word: string; logpr
 type Sampler = { next(previous: string): Draw };
 
 /**
+ * A start's draw worked out once (drawTables): the candidates the draw may take, in the order it walks them,
+ * their probabilities and their sum (added in that order), each one's Draw, and the Draw taken when the walk
+ * ends without one (the first allowed candidate, or `the` when none is).
+ */
+type StartDraw = { probs: Float64Array; total: number; draws: Draw[]; fallback: Draw };
+
+/**
+ * The draws of one pool under one set of sampling settings, by start (the previous word's hash modulo the
+ * pool's length), each worked out the first time that start comes: without penalties, a dynamic temperature
+ * or alternatives to report, a draw's candidates, their order, their probabilities and what top_k, min_p and
+ * top_p allow depend on nothing else, so only the random number differs from one draw to the next. A bounded
+ * memo (at most DRAW_TABLES pools and settings, each at most a pool's length of starts).
+ */
+const drawTables = new Map<string, Array<StartDraw | undefined>>();
+const DRAW_TABLES = 32;
+
+function drawTableOf(key: string): Array<StartDraw | undefined> {
+  let table = drawTables.get(key);
+  if (!table) {
+    if (drawTables.size >= DRAW_TABLES) drawTables.clear();
+    table = [];
+    drawTables.set(key, table);
+  }
+  return table;
+}
+
+/**
  * Words are drawn from a candidate list that depends on the previous word; candidate k has logit -0.35 k,
  * prompt words get a boost, and the penalties lower words already used. Temperature 0 (or a dynamic range
  * capped at 0) picks the most likely word, so the seed no longer matters.
@@ -108,7 +135,7 @@ function createSampler(
   withAlternatives: boolean,
 ): Sampler {
   const s = request.sampling;
-  const { words: pool, prompted, distinct } = poolOf(lexicon, promptWords);
+  const { words: pool, prompted, distinct, key: poolKey } = poolOf(lexicon, promptWords);
   const frequencyPenalty = s.frequency_penalty ?? 0;
   const presencePenalty = s.presence_penalty ?? 0;
   const repetitionPenalty = s.repetition_penalty;
@@ -122,10 +149,17 @@ function createSampler(
   const minP = s.min_p ?? 0;
   const topP = s.top_p;
   const dynamic = s.max_temp !== undefined || s.min_temp !== undefined;
+  const staticTemperature = s.temperature ?? 0.8;
   // Without penalties or a dynamic temperature a candidate's logit depends only on its rank k and the prompt's
   // boost, so each exp of the softmax is one of 32 x 32 values per temperature: remembered (expTableOf).
   const expTable =
-    counts === undefined && !dynamic ? expTableOf(Math.max(s.temperature ?? 0.8, 1e-6)) : undefined;
+    counts === undefined && !dynamic ? expTableOf(Math.max(staticTemperature, 1e-6)) : undefined;
+  // And then, unless each draw's alternatives are reported, every draw of a start is the same but for its
+  // random number: worked out once per start (drawTables).
+  const starts =
+    expTable && !withAlternatives
+      ? drawTableOf(`${poolKey}\u0000${staticTemperature}\u0000${topK}\u0000${topP}\u0000${minP}`)
+      : undefined;
   // The draw's working arrays, reused from word to word (the candidates in drawn order, then sorted).
   const words: string[] = [];
   /** Each candidate's kind when expTable is used: its rank k times 2, plus 1 when the prompt boosts it. */
@@ -135,102 +169,156 @@ function createSampler(
   const order: number[] = [];
   const probs: number[] = [];
   const allowed: number[] = [];
+  let temperature = staticTemperature;
+  /** How many candidates the last `rank` sorted. */
+  let ranked = 0;
+
+  /**
+   * A start's candidates, sorted, their probabilities, and those top_k, min_p and top_p allow (their positions
+   * in the sorted order, in `allowed`): how many are allowed. Sets `temperature` (a dynamic one depends on the
+   * candidates).
+   */
+  function rank(start: number): number {
+    let size = 0;
+    for (let k = 0; k < 16; k++) {
+      const position = (start + k * 7) % pool.length;
+      const word = pool[position] as string;
+      if (!distinct) {
+        let taken = false;
+        for (let j = 0; j < size; j++)
+          if (words[j] === word) {
+            taken = true;
+            break;
+          }
+        if (taken) continue;
+      }
+      const boosted = prompted[position] === 1;
+      let logit = -0.35 * k + (boosted ? 0.6 : 0);
+      kinds[size] = k * 2 + (boosted ? 1 : 0);
+      if (counts) {
+        const used = counts[position] as number;
+        logit -= frequencyPenalty * used + presencePenalty * (used > 0 ? 1 : 0);
+        if (used > 0 && repetitionPenalty && repetitionPenalty > 0) logit -= Math.log(repetitionPenalty);
+      }
+      words[size] = word;
+      positions[size] = position;
+      logits[size] = logit;
+      // Stable insertion by descending logit: the order a stable sort gives.
+      let at = size;
+      while (at > 0 && (logits[order[at - 1] as number] as number) < logit) {
+        order[at] = order[at - 1] as number;
+        at--;
+      }
+      order[at] = size;
+      size++;
+    }
+    ranked = size;
+    if (dynamic) {
+      // Dynamic temperature: the flatter the candidates, the hotter the draw, within [min_temp, max_temp].
+      const lo = s.min_temp ?? 0;
+      const hi = Math.max(lo, s.max_temp ?? 2);
+      const spread =
+        size > 0 ? (logits[order[0] as number] as number) - (logits[order[size - 1] as number] as number) : 0;
+      temperature = lo + (hi - lo) * Math.max(0, Math.min(1, 1 - spread / 8));
+    }
+    // Softmax over the sorted candidates' logits / temperature, in the same order of operations as ever.
+    const divisor = Math.max(temperature, 1e-6);
+    let max = Number.NEGATIVE_INFINITY;
+    for (let i = 0; i < size; i++) {
+      const scaled = (logits[order[i] as number] as number) / divisor;
+      probs[i] = scaled;
+      if (scaled > max) max = scaled;
+    }
+    let sum = 0;
+    // With expTable, each exp is remembered by the kinds of the largest candidate (the first: sorted by
+    // descending logit, divided by a positive divisor) and of this one: the same operands, the same double.
+    const top = expTable ? (kinds[order[0] as number] as number) * 32 : 0;
+    for (let i = 0; i < size; i++) {
+      const slot = top + (kinds[order[i] as number] as number);
+      let e = expTable ? (expTable[slot] as number) : Number.NaN;
+      if (Number.isNaN(e)) {
+        e = Math.exp((probs[i] as number) - max);
+        if (expTable) expTable[slot] = e;
+      }
+      probs[i] = e;
+      sum += e;
+    }
+    for (let i = 0; i < size; i++) probs[i] = (probs[i] as number) / sum;
+    // The allowed candidates, as positions in the sorted order.
+    // `top_k` as `slice(0, top_k)` reads it (a fraction truncated).
+    let count = topK && topK > 0 ? Math.min(size, Math.trunc(topK)) : size;
+    for (let i = 0; i < count; i++) allowed[i] = i;
+    if (minP > 0) {
+      const top = count > 0 ? (probs[0] as number) : 0;
+      let kept = 0;
+      for (let i = 0; i < count; i++) {
+        const at = allowed[i] as number;
+        if ((probs[at] as number) >= minP * top) allowed[kept++] = at;
+      }
+      count = kept;
+    }
+    if (topP !== undefined && topP < 1) {
+      let mass = 0;
+      let kept = 0;
+      for (let i = 0; i < count; i++) {
+        const at = allowed[i] as number;
+        if (mass < topP || mass === 0) allowed[kept++] = at;
+        mass += probs[at] as number;
+      }
+      count = kept;
+    }
+    return count;
+  }
+
+  /** The sum of the allowed candidates' probabilities, added in the order the draw walks them. */
+  function allowedTotal(count: number): number {
+    let total = 0;
+    for (let i = 0; i < count; i++) total += probs[allowed[i] as number] as number;
+    return total;
+  }
+
+  /** A start's draw, worked out as `next` would (its order, probabilities and sum): see drawTables. */
+  function startDraw(start: number): StartDraw {
+    const count = rank(start);
+    const startProbs = new Float64Array(count);
+    const draws: Draw[] = [];
+    for (let i = 0; i < count; i++) {
+      const at = allowed[i] as number;
+      startProbs[i] = probs[at] as number;
+      draws.push({
+        word: words[order[at] as number] as string,
+        logprob: logOf(probs[at] as number),
+        alternatives: NO_ALTERNATIVES,
+      });
+    }
+    const fallback = draws[0] ?? { word: 'the', logprob: logOf(1), alternatives: NO_ALTERNATIVES };
+    return { probs: startProbs, total: allowedTotal(count), draws, fallback };
+  }
+
   return {
     next(previous) {
       // A small integer (`| 0` keeps the value): the positions below are then taken modulo in integer
       // arithmetic; from the hash's double (a uint32 may exceed V8's small integers) each was a floating-point
       // remainder, a fifth of the draw's time (bench/HISTORY.md, thirty-eighth round).
       const start = (hash32(previous) % pool.length) | 0;
-      let size = 0;
-      for (let k = 0; k < 16; k++) {
-        const position = (start + k * 7) % pool.length;
-        const word = pool[position] as string;
-        if (!distinct) {
-          let taken = false;
-          for (let j = 0; j < size; j++)
-            if (words[j] === word) {
-              taken = true;
-              break;
-            }
-          if (taken) continue;
+      if (starts) {
+        let known = starts[start];
+        if (known === undefined) {
+          known = startDraw(start);
+          starts[start] = known;
         }
-        const boosted = prompted[position] === 1;
-        let logit = -0.35 * k + (boosted ? 0.6 : 0);
-        kinds[size] = k * 2 + (boosted ? 1 : 0);
-        if (counts) {
-          const used = counts[position] as number;
-          logit -= frequencyPenalty * used + presencePenalty * (used > 0 ? 1 : 0);
-          if (used > 0 && repetitionPenalty && repetitionPenalty > 0) logit -= Math.log(repetitionPenalty);
+        // The same walk as below: one random number when the temperature is above 0, whatever is allowed.
+        if (temperature > 0) {
+          let r = random() * known.total;
+          const startProbs = known.probs;
+          for (let i = 0; i < startProbs.length; i++) {
+            r -= startProbs[i] as number;
+            if (r <= 0) return known.draws[i] as Draw;
+          }
         }
-        words[size] = word;
-        positions[size] = position;
-        logits[size] = logit;
-        // Stable insertion by descending logit: the order a stable sort gives.
-        let at = size;
-        while (at > 0 && (logits[order[at - 1] as number] as number) < logit) {
-          order[at] = order[at - 1] as number;
-          at--;
-        }
-        order[at] = size;
-        size++;
+        return known.fallback;
       }
-      let temperature = s.temperature ?? 0.8;
-      if (dynamic) {
-        // Dynamic temperature: the flatter the candidates, the hotter the draw, within [min_temp, max_temp].
-        const lo = s.min_temp ?? 0;
-        const hi = Math.max(lo, s.max_temp ?? 2);
-        const spread =
-          size > 0
-            ? (logits[order[0] as number] as number) - (logits[order[size - 1] as number] as number)
-            : 0;
-        temperature = lo + (hi - lo) * Math.max(0, Math.min(1, 1 - spread / 8));
-      }
-      // Softmax over the sorted candidates' logits / temperature, in the same order of operations as ever.
-      const divisor = Math.max(temperature, 1e-6);
-      let max = Number.NEGATIVE_INFINITY;
-      for (let i = 0; i < size; i++) {
-        const scaled = (logits[order[i] as number] as number) / divisor;
-        probs[i] = scaled;
-        if (scaled > max) max = scaled;
-      }
-      let sum = 0;
-      // With expTable, each exp is remembered by the kinds of the largest candidate (the first: sorted by
-      // descending logit, divided by a positive divisor) and of this one: the same operands, the same double.
-      const top = expTable ? (kinds[order[0] as number] as number) * 32 : 0;
-      for (let i = 0; i < size; i++) {
-        const slot = top + (kinds[order[i] as number] as number);
-        let e = expTable ? (expTable[slot] as number) : Number.NaN;
-        if (Number.isNaN(e)) {
-          e = Math.exp((probs[i] as number) - max);
-          if (expTable) expTable[slot] = e;
-        }
-        probs[i] = e;
-        sum += e;
-      }
-      for (let i = 0; i < size; i++) probs[i] = (probs[i] as number) / sum;
-      // The allowed candidates, as positions in the sorted order.
-      // `top_k` as `slice(0, top_k)` reads it (a fraction truncated).
-      let count = topK && topK > 0 ? Math.min(size, Math.trunc(topK)) : size;
-      for (let i = 0; i < count; i++) allowed[i] = i;
-      if (minP > 0) {
-        const top = count > 0 ? (probs[0] as number) : 0;
-        let kept = 0;
-        for (let i = 0; i < count; i++) {
-          const at = allowed[i] as number;
-          if ((probs[at] as number) >= minP * top) allowed[kept++] = at;
-        }
-        count = kept;
-      }
-      if (topP !== undefined && topP < 1) {
-        let mass = 0;
-        let kept = 0;
-        for (let i = 0; i < count; i++) {
-          const at = allowed[i] as number;
-          if (mass < topP || mass === 0) allowed[kept++] = at;
-          mass += probs[at] as number;
-        }
-        count = kept;
-      }
+      const count = rank(start);
       let chosenWord = 'the';
       let chosenPosition = -1;
       let chosenP = 1;
@@ -240,9 +328,7 @@ function createSampler(
         chosenP = probs[allowed[0] as number] as number;
       }
       if (temperature > 0) {
-        let total = 0;
-        for (let i = 0; i < count; i++) total += probs[allowed[i] as number] as number;
-        let r = random() * total;
+        let r = random() * allowedTotal(count);
         for (let i = 0; i < count; i++) {
           const at = allowed[i] as number;
           const p = probs[at] as number;
@@ -264,7 +350,7 @@ function createSampler(
       // Only kept when top log probabilities are asked for: 16 objects a word, held for a whole stream.
       if (withAlternatives) {
         alternatives = [];
-        for (let i = 0; i < size; i++)
+        for (let i = 0; i < ranked; i++)
           alternatives.push({ word: words[order[i] as number] as string, logprob: logOf(probs[i] ?? 0) });
       }
       return { word: chosenWord, logprob: logOf(chosenP), alternatives };
@@ -278,7 +364,7 @@ function createSampler(
  * are always distinct, so that the draw need not look for repeats: they are unless the length divides `7d` for
  * some d from 1 to 15.
  */
-type Pool = { words: string[]; prompted: Uint8Array; distinct: boolean };
+type Pool = { words: string[]; prompted: Uint8Array; distinct: boolean; key: string };
 
 const pools = new Map<string, Pool>();
 
@@ -293,7 +379,7 @@ function poolOf(lexicon: string[], promptWords: string[]): Pool {
   for (let i = 0; i < words.length; i++) if (inPrompt.has(words[i] as string)) prompted[i] = 1;
   let distinct = true;
   for (let d = 1; d < 16; d++) if ((7 * d) % words.length === 0) distinct = false;
-  const pool = { words, prompted, distinct };
+  const pool = { words, prompted, distinct, key };
   if (pools.size >= 256) pools.clear();
   pools.set(key, pool);
   return pool;
