@@ -88,7 +88,11 @@ export function systemCallUs(batches = 5, calls = 20_000): number {
  * CPU time, in µs, of a process's main thread and of all its threads, and of the machine's CPUs; for a process
  * read with its children (cpuReading), the sums over it and them.
  */
-export type CpuReading = { mainUs: number; processUs: number; machine?: { idle: number; all: number } };
+export type CpuReading = {
+  mainUs: number;
+  processUs: number;
+  machine?: { idle: number; all: number; wakeups?: number };
+};
 
 /**
  * CPU per request between two readings: the server's main thread, its other threads, the client's process.
@@ -100,8 +104,40 @@ export type CpuPerRequest = {
   othersUs: number;
   clientUs: number;
   idlePercent: number;
+  /** The machine's wake-up interrupts per request (wakeupInterruptsOf); NaN where the kernel does not count them. */
+  wakeups?: number;
   mainThreads?: number;
 };
+
+/**
+ * The wake-up interrupts a `/proc/interrupts` text counts, summed over its CPUs: the rescheduling (`RES`) and
+ * function-call (`CAL`) inter-processor interrupts (x86), which a process sends when it wakes a thread that
+ * sleeps on another CPU (a socket's reader, a loopback peer). A server that answers a client whose CPU went idle
+ * pays for that wake-up inside its own write; on a VM whose idle vCPUs halt, about 19 µs an answer (bench/
+ * HISTORY.md, fiftieth round). Undefined when the text has neither line (other architectures).
+ */
+export function wakeupInterruptsOf(text: string): number | undefined {
+  let total: number | undefined;
+  for (const line of text.split('\n')) {
+    const match = /^\s*(RES|CAL):((?:\s+\d+)+)/.exec(line);
+    if (!match) continue;
+    total =
+      (total ?? 0) +
+      (match[2] as string)
+        .trim()
+        .split(/\s+/)
+        .reduce((sum, n) => sum + Number(n), 0);
+  }
+  return total;
+}
+
+function wakeupInterrupts(): number | undefined {
+  try {
+    return wakeupInterruptsOf(readFileSync('/proc/interrupts', 'utf8'));
+  } catch {
+    return undefined;
+  }
+}
 
 /** The pids of a process's children (forked by its main thread: a `node:cluster` primary's workers); [] unread. */
 export function childrenOf(pid: number): number[] {
@@ -149,9 +185,14 @@ export function cpuReading(pid: number, withChildren = false): CpuReading | unde
       .slice(1)
       .map(Number);
     // user nice system idle iowait …: idle and iowait are the time no process ran.
+    const wakeups = wakeupInterrupts();
     const machine =
       cpu && cpu.length >= 5
-        ? { idle: (cpu[3] ?? 0) + (cpu[4] ?? 0), all: cpu.reduce((a, b) => a + b, 0) }
+        ? {
+            idle: (cpu[3] ?? 0) + (cpu[4] ?? 0),
+            all: cpu.reduce((a, b) => a + b, 0),
+            ...(wakeups === undefined ? {} : { wakeups }),
+          }
         : undefined;
     return { mainUs, processUs, ...(machine ? { machine } : {}) };
   } catch {
@@ -180,6 +221,7 @@ export function cpuPerRequest(
       othersUs: Number.NaN,
       clientUs: per(clientUs),
       idlePercent: Number.NaN,
+      wakeups: Number.NaN,
       ...threads,
     };
   const main = after.mainUs - before.mainUs;
@@ -191,6 +233,8 @@ export function cpuPerRequest(
     othersUs: per(Math.max(0, after.processUs - before.processUs - main)),
     clientUs: per(clientUs),
     idlePercent: from && to && all > 0 ? ((to.idle - from.idle) / all) * 100 : Number.NaN,
+    wakeups:
+      from?.wakeups !== undefined && to?.wakeups !== undefined ? per(to.wakeups - from.wakeups) : Number.NaN,
     ...threads,
   };
 }

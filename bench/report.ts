@@ -244,6 +244,7 @@ function cpuTable(report: Report): { head: string[]; rows: string[][] }[] {
             fmt(cpu.othersUs, 1),
             fmt(cpu.clientUs, 1),
             `${fmt(cpu.idlePercent)}%`,
+            fmt(cpu.wakeups ?? Number.NaN, 2),
             // Each of a `WORKERS` server's main threads serves its own requests.
             fmt(((cpu.mainThreads ?? 1) * 1e6) / cpu.mainUs),
             fmt((report.machine.cpus * 1e6) / cpuTotal(cpu)),
@@ -258,6 +259,7 @@ function cpuTable(report: Report): { head: string[]; rows: string[][] }[] {
     'server other threads µs',
     'client µs',
     'machine idle',
+    'wake-up IPIs',
     'main thread allows req/s',
     'all CPUs allow req/s',
   ];

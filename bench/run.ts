@@ -496,7 +496,7 @@ async function main(): Promise<Report> {
           (result.signed
             ? `; sign-ins signed before the run ${result.signed.before}, during it ${result.signed.during}`
             : '') +
-          `; CPU per request: server main thread ${cpu.mainUs.toFixed(1)} µs, other threads ${cpu.othersUs.toFixed(1)} µs, client ${cpu.clientUs.toFixed(1)} µs; machine idle ${cpu.idlePercent.toFixed(0)}%`,
+          `; CPU per request: server main thread ${cpu.mainUs.toFixed(1)} µs, other threads ${cpu.othersUs.toFixed(1)} µs, client ${cpu.clientUs.toFixed(1)} µs; machine idle ${cpu.idlePercent.toFixed(0)}%, wake-up IPIs ${(cpu.wakeups ?? Number.NaN).toFixed(2)}`,
       );
     }
     for (const group of latencyGroups) {
@@ -542,6 +542,7 @@ async function main(): Promise<Report> {
         othersUs: median(cpu.map((c) => c.othersUs)),
         clientUs: median(cpu.map((c) => c.clientUs)),
         idlePercent: median(cpu.map((c) => c.idlePercent)),
+        wakeups: median(cpu.map((c) => c.wakeups ?? Number.NaN)),
         ...(workers === undefined ? {} : { mainThreads: workers }),
       },
     };

@@ -3,7 +3,7 @@
  * this very thread, they follow the system calls it makes.
  */
 import { spawn } from 'node:child_process';
-import { closeSync, openSync, readSync, rmSync, writeSync } from 'node:fs';
+import { closeSync, openSync, readFileSync, readSync, rmSync, writeSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isMainThread } from 'node:worker_threads';
@@ -15,6 +15,7 @@ import {
   perRequest,
   systemCallUs,
   threadCounters,
+  wakeupInterruptsOf,
 } from '../../bench/counters.ts';
 
 // The thread read is the process's main one (its tid is the pid): the test must run there (vitest's forks).
@@ -115,7 +116,15 @@ test("behavior: CPU per request is the readings' differences over the requests; 
     othersUs: 10,
     clientUs: 17.5,
     idlePercent: 30,
+    // Neither reading counted the machine's wake-ups.
+    wakeups: Number.NaN,
   });
+  const counted = (reading: typeof before, wakeups: number) => ({
+    ...reading,
+    machine: { ...reading.machine, wakeups },
+  });
+  expect(cpuPerRequest(counted(before, 5_000), counted(after, 7_500), 0, 10_000).wakeups).toBe(0.25);
+  expect(cpuPerRequest(before, counted(after, 7_500), 0, 10_000).wakeups).toBeNaN();
   // Ticks sampled apart may put the process a tick behind its main thread: never below zero.
   expect(cpuPerRequest(before, { ...after, processUs: 2_240_000 }, 0, 10_000).othersUs).toBe(0);
   const unread = cpuPerRequest(undefined, after, 175_000, 10_000);
@@ -124,4 +133,31 @@ test("behavior: CPU per request is the readings' differences over the requests; 
   expect(unread.clientUs).toBe(17.5);
   expect(cpuPerRequest(before, after, 0, 0).mainUs).toBeNaN();
   expect(cpuReading(2 ** 30)).toBeUndefined();
+});
+
+test('behavior: the wake-up interrupts are the RES and CAL lines of /proc/interrupts, summed over the CPUs', () => {
+  const text = [
+    '           CPU0       CPU1       ',
+    '  0:         37          0   IO-APIC    2-edge      timer',
+    'LOC:     322379     336693   Local timer interrupts',
+    'RES:     141746      92461   Rescheduling interrupts',
+    'CAL:    1123011     609868   Function call interrupts',
+    'TLB:      17814      20228   TLB shootdowns',
+    'ERR:          0',
+  ].join('\n');
+  expect(wakeupInterruptsOf(text)).toBe(141_746 + 92_461 + 1_123_011 + 609_868);
+  // Another architecture's file, without either line: not counted (not zero).
+  expect(wakeupInterruptsOf('           CPU0\n IPI0:   12   Rescheduling interrupts\n')).toBeUndefined();
+  expect(wakeupInterruptsOf('RES:  7\n')).toBe(7);
+});
+
+test.runIf(linux)('behavior: a reading of this machine counts its wake-ups when the kernel does', () => {
+  let text = '';
+  try {
+    text = readFileSync('/proc/interrupts', 'utf8');
+  } catch {}
+  const counted = wakeupInterruptsOf(text);
+  const wakeups = cpuReading(process.pid)?.machine?.wakeups;
+  if (counted === undefined) expect(wakeups).toBeUndefined();
+  else expect(wakeups).toBeGreaterThanOrEqual(counted);
 });
