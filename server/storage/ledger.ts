@@ -749,11 +749,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
         db
           .insertInto('reservations')
           .values(
-            rows === 1
-              ? reservationRow((column) => values[column])
-              : Array.from({ length: rows }, (_, row) =>
-                  reservationRow((column) => values[row * RESERVATION_COLUMNS + column]),
-                ),
+            Array.from({ length: rows }, (_, row) =>
+              reservationRow((column) => values[row * RESERVATION_COLUMNS + column]),
+            ),
           ),
       ) as RowsInsert;
       if (rows <= GROUP_COMMIT_MAX) reservationInserts[rows] = insert;

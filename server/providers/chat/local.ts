@@ -80,14 +80,27 @@ const expTables = new Map<number, Float64Array>();
  * penalties takes each from here once it is known, the same double as Math.exp gives (a bounded memo).
  */
 function expTableOf(divisor: number): Float64Array {
-  let table = expTables.get(divisor);
-  if (!table) {
-    if (expTables.size >= 16) expTables.clear();
-    table = new Float64Array(32 * 32).fill(Number.NaN);
-    expTables.set(divisor, table);
-  }
-  return table;
+  return remembered(expTables, 16, divisor, newExpTable);
 }
+
+const newExpTable = () => new Float64Array(32 * 32).fill(Number.NaN);
+
+/**
+ * `memo`'s value of `key`, made by `make` the first time it is asked for: a bounded memo, emptied whole once it
+ * holds `bound` keys (what it holds can always be made again).
+ */
+function remembered<K, V>(memo: Map<K, V>, bound: number, key: K, make: () => V): V {
+  let value = memo.get(key);
+  if (value === undefined) {
+    if (memo.size >= bound) memo.clear();
+    value = make();
+    memo.set(key, value);
+  }
+  return value;
+}
+
+/** A new array, for the memos whose values are arrays filled as they are used. */
+const newArray = <T>(): T[] => [];
 
 const NO_ALTERNATIVES: { word: string; logprob: number }[] = [];
 
@@ -111,16 +124,6 @@ type StartDraw = { probs: Float64Array; total: number; draws: Draw[]; fallback: 
  */
 const drawTables = new Map<string, Array<StartDraw | undefined>>();
 const DRAW_TABLES = 32;
-
-function drawTableOf(key: string): Array<StartDraw | undefined> {
-  let table = drawTables.get(key);
-  if (!table) {
-    if (drawTables.size >= DRAW_TABLES) drawTables.clear();
-    table = [];
-    drawTables.set(key, table);
-  }
-  return table;
-}
 
 /**
  * Words are drawn from a candidate list that depends on the previous word; candidate k has logit -0.35 k,
@@ -158,7 +161,12 @@ function createSampler(
   // random number: worked out once per start (drawTables).
   const starts =
     expTable && !withAlternatives
-      ? drawTableOf(`${poolKey}\u0000${staticTemperature}\u0000${topK}\u0000${topP}\u0000${minP}`)
+      ? remembered(
+          drawTables,
+          DRAW_TABLES,
+          `${poolKey}\u0000${staticTemperature}\u0000${topK}\u0000${topP}\u0000${minP}`,
+          newArray<StartDraw | undefined>,
+        )
       : undefined;
   // The draw's working arrays, reused from word to word (the candidates in drawn order, then sorted).
   const words: string[] = [];
@@ -401,12 +409,7 @@ const pieceForms = new Map<string, Array<string | undefined>>();
  * whose hash V8 keeps instead of hashing a new one for every word of every answer.
  */
 function pieceText(word: string, spaced: boolean, capital: boolean, period: boolean): string {
-  let forms = pieceForms.get(word);
-  if (!forms) {
-    if (pieceForms.size >= 4096) pieceForms.clear();
-    forms = [];
-    pieceForms.set(word, forms);
-  }
+  const forms = remembered(pieceForms, 4096, word, newArray<string | undefined>);
   const form = (spaced ? 4 : 0) + (capital ? 2 : 0) + (period ? 1 : 0);
   let text = forms[form];
   if (text === undefined) {
