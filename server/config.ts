@@ -133,8 +133,9 @@ const schema = variables.transform((env) => ({
   /** SQLite: how often the checkpointer thread copies the WAL into the database file. */
   sqliteCheckpointIntervalMs: env.SQLITE_CHECKPOINT_INTERVAL_MS,
   /**
-   * SQLite served by one process: how long its rate-limit counts wait in memory for their rows (at most what
-   * a crash loses; held-counts.ts); 0 counts in the rows at once, as `WORKERS` > 1 and PostgreSQL do.
+   * SQLite served by one process: how long its rate-limit counts and JSON-RPC credits wait in memory for
+   * their rows (at most what a crash loses; held-counts.ts, held-credits.ts); 0 counts in the rows at once, as
+   * `WORKERS` > 1 and PostgreSQL do.
    */
   sqliteRateLimitFlushMs: env.SQLITE_RATE_LIMIT_FLUSH_MS,
   sqliteMemoryHolds: env.SQLITE_MEMORY_HOLDS,

@@ -123,8 +123,9 @@ export async function createServices(
   });
   // One process on SQLite counts rate limits in memory and writes them behind (held-counts.ts); workers that
   // share the file count in its rows, as PostgreSQL's instances do.
+  const countsHeld = databaseOptions.sharedWriters !== true && config.sqliteRateLimitFlushMs > 0;
   const rateLimits = createRateLimits(database, {
-    held: databaseOptions.sharedWriters !== true && config.sqliteRateLimitFlushMs > 0,
+    held: countsHeld,
     heldCounts: { flushMs: config.sqliteRateLimitFlushMs },
   });
   const idempotency = createIdempotency(database);
@@ -182,6 +183,8 @@ export async function createServices(
       rateLimits,
       charges,
       idempotency,
+      // Held as the rate limits' counts are, written behind with them (held-credits.ts).
+      ...(countsHeld ? { heldCredits: { flushMs: config.sqliteRateLimitFlushMs } } : {}),
     });
   } catch (error) {
     wallet.close();
@@ -414,6 +417,7 @@ export async function createServices(
       rpc.close();
       await videoWorker.stop();
       wallet.close();
+      await rpc.credits.close();
       await rateLimits.close();
       return database.close();
     },

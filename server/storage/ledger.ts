@@ -208,6 +208,14 @@ export type CaptureWithin<T> = ((trx: Transaction<Tables>, entries: LedgerEntry[
  */
 export type ReserveWithin<T> = ((trx: Transaction<Tables>) => Promise<T>) & {
   embedded?: { writes: EmbeddedWrite[]; result: T };
+  /**
+   * The same decided at once in this process, with no statement (what it counts is held in memory): its
+   * result, or undefined when it cannot be (having done nothing; the transaction then runs the function).
+   * With it, a reservation the ledger holds in memory is made with no transaction either (`holdNow`): it runs
+   * once the account is read, before the checks; what it throws refuses the reservation. What it counted
+   * stays counted should the checks then refuse: its caller takes it back.
+   */
+  now?: () => T | undefined;
 };
 export type CaptureResult = {
   entries: LedgerEntry[];
@@ -1616,8 +1624,8 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       );
       if (reserved) return extend(reserved, { within: within?.embedded?.result });
     }
-    if (holdsInMemory && !within && !keyLimited(input, apiKeyId)) {
-      const held = holdNow(input, apiKeyId, at);
+    if (holdsInMemory && (!within || within.now) && !keyLimited(input, apiKeyId)) {
+      const held = holdNow(input, apiKeyId, at, within?.now);
       if (held) return held;
     }
     // A hold made in memory in the transaction below, let go of should the transaction not commit.
@@ -1637,14 +1645,17 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
    * spend limits) made at once, with no transaction, when none is open on the connection (Database.readNow):
    * the account (and key) read as last committed, checked and held in the same turn, so that nothing commits or
    * holds in between. A capture lets its hold go only once it has committed, so what is read never misses a
-   * charge whose hold is gone. Undefined when it cannot (a transaction open, a DIEM stake, a key's limits): the
-   * transaction of `reserveRows` decides.
+   * charge whose hold is gone. The caller's part (`within`, ReserveWithin.now) is decided in that turn too,
+   * after the account is read and before the checks, as the transaction's runs. Undefined when it cannot (a
+   * transaction open, a DIEM stake, a key's limits, the caller's part): the transaction of `reserveRows`
+   * decides.
    */
-  function holdNow(
+  function holdNow<T>(
     input: ReserveInput,
     apiKeyId: string | null,
     at: number,
-  ): (ReserveResult & { within: undefined }) | undefined {
+    within?: () => T | undefined,
+  ): (ReserveResult & { within: T | undefined }) | undefined {
     if (!memory || !database.readNow) return undefined;
     let account: AccountFigures | undefined;
     // Whether the key charged is the account's (its limits are looked at below); true without one.
@@ -1663,7 +1674,9 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
     }
     if (!account) throw new NotFoundError('account', input.accountId);
     if (account.diem_stake_nano !== 0n) return undefined;
-    // The checks in the order of reserveRows': the balance, then the key.
+    // The caller's part, then the checks, in the order of reserveRows': the balance, then the key.
+    const extra = within?.();
+    if (within && extra === undefined) return undefined;
     const balance = balanceOf(withHeld(account, memory.usdOf(input.accountId)), {
       usedNano: 0n,
       reservedNano: 0n,
@@ -1678,7 +1691,7 @@ export function createLedger(database: Database, options: LedgerOptions = {}) {
       before: balanceBefore(balance),
       availableNano: balance.usdAvailableNano - input.amountNano,
       stamp: changeStamp ? accountStamp(database, changeStamp, input.accountId) : undefined,
-      within: undefined,
+      within: extra,
     };
   }
 

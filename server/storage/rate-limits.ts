@@ -402,6 +402,22 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
     },
 
     /**
+     * `count` decided at once on a window held in this process: counted when it has room, with the window's
+     * figures either way (a refusal's as `refused` gives them); undefined when counts are not held or this
+     * window is not yet (then `count`), having done nothing.
+     */
+    countNow(input: HitInput): HitResult | undefined {
+      if (!held) return undefined;
+      const plan = planHit(input);
+      const [count] =
+        held.lookup([{ bucket: input.bucket, start: plan.start, resetAtMs: plan.resetAtMs }]) ?? [];
+      if (!count) return undefined;
+      const allowed = plan.cost <= plan.limit && count.used + plan.cost <= plan.limit;
+      if (allowed) held.add(count, plan.cost);
+      return hitResult(plan, count.used, allowed);
+    },
+
+    /**
      * Takes back what `count` counted for a request whose transaction did not commit (with the same
      * `input`, its `now` included). Held counts only: in the rows the count went with that transaction.
      */

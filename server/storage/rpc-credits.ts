@@ -11,10 +11,17 @@
  * reservation, after the account row is locked (`SELECT … FOR UPDATE` on PostgreSQL, the database write lock
  * on SQLite), the subject being that account, so concurrent requests on any number of instances never pass
  * the cap together, and the count and the hold are written (or refused) in one round trip.
+ *
+ * With `held` (SQLite served by one process), the windows are held in this process and written behind
+ * (held-credits.ts): `takeIn` and `giveBack` then decide and count in memory whatever becomes of the caller's
+ * transaction (a caller whose transaction does not commit gives its take back), and `takeNow` decides at once,
+ * with no statement and no transaction, for a subject already held.
  */
 import { sql } from 'kysely';
-import type { Database } from './database.ts';
+import { type Database, JOIN_SHARED } from './database.ts';
 import { InvalidInputError } from './errors.ts';
+import { FLUSH_MS } from './held-counts.ts';
+import { createHeldCredits, type HeldCreditsOptions, type HeldTake } from './held-credits.ts';
 import {
   changedAny,
   compiledOnce,
@@ -56,6 +63,15 @@ export type CreditGiveBackInput = { subject: string; bucketMs: number; credits: 
 
 export type RpcCreditsRepository = ReturnType<typeof createRpcCredits>;
 
+export type RpcCreditsOptions = RepositoryOptions & {
+  /**
+   * Hold the windows in this process and write them behind (held-credits.ts): only for a database no other
+   * process counts in (SQLite served by one process). Ignored on PostgreSQL.
+   */
+  held?: boolean;
+  heldCredits?: Pick<HeldCreditsOptions, 'flushMs' | 'capacity'>;
+};
+
 function credits(field: string, value: number): number {
   if (!Number.isSafeInteger(value) || value < 0) {
     throw new InvalidInputError(field, `${field} must be a non-negative integer`);
@@ -90,7 +106,17 @@ function windowSum(subject: unknown, oldest: unknown, wholeHours: unknown) {
       where subject = cast(${subject} as text) and hour_ms >= cast(${wholeHours} as bigint)))`;
 }
 
-export function createRpcCredits(database: Database, options: RepositoryOptions = {}) {
+/** A held take's answer in the repository's terms. */
+function takeResult(take: HeldTake): CreditTakeResult {
+  if (take.taken) return { allowed: true, bucketMs: take.bucketMs };
+  return {
+    allowed: false,
+    used: take.used,
+    nextReleaseAtMs: take.first === undefined ? undefined : take.first + DAY_MS,
+  };
+}
+
+export function createRpcCredits(database: Database, options: RpcCreditsOptions = {}) {
   const { db } = database;
   const { now } = resolveOptions(options);
   // The statements of every take and give-back, compiled once (see compiledOnce).
@@ -176,15 +202,55 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
       .where('credits', '>=', atLeast),
   );
 
+  const selectBuckets = compiledOnce((subject: string, oldest: number) =>
+    db
+      .selectFrom('rpc_credit_usage')
+      .select(['bucket_ms', 'credits'])
+      .where('subject', '=', subject)
+      .where('bucket_ms', '>=', oldest)
+      .orderBy('bucket_ms'),
+  );
+  const held =
+    options.held === true && database.dialect === 'sqlite'
+      ? createHeldCredits({
+          read: async (subject, oldest, runner = db) =>
+            (await selectBuckets(runner, subject, oldest)).map((row) => ({
+              bucketMs: toNumber(row.bucket_ms),
+              credits: toNumber(row.credits),
+            })),
+          write: async (runner, subject, bucketMs, amount) => {
+            const hourMs = Math.floor(bucketMs / HOUR_MS) * HOUR_MS;
+            if (amount >= 0) {
+              await addUsage(runner, subject, bucketMs, amount);
+              await addHour(runner, subject, hourMs, amount);
+            } else if (changedAny(await subtractUsage(runner, -amount, subject, bucketMs, -amount))) {
+              // More given back than taken since the last write: the rows have the take. (An upsert of a
+              // negative row would fail its CHECK before its conflict is seen.)
+              await subtractHour(runner, -amount, subject, hourMs, -amount);
+            }
+          },
+          commit: (fn) => database.write(fn, JOIN_SHARED),
+          now,
+          flushMs: FLUSH_MS,
+          ...options.heldCredits,
+        })
+      : undefined;
+
   return {
     /**
      * Counts `credits` for the subject if the rolling 24-hour total stays within `limit`, inside the caller's
      * transaction `trx`, which must hold the lock that serialises the subject's takes (see the module comment).
+     * Held (`holds`), counted in this process whatever becomes of that transaction (a window not held yet is
+     * read on it): a caller whose transaction does not commit gives the take back (`giveBack`).
      */
     async takeIn(trx: StatementRunner, input: CreditTakeInput): Promise<CreditTakeResult> {
       const amount = credits('credits', input.credits);
       const limit = credits('limit', input.limit);
       const { bucketMs, hourMs, oldest, wholeHours } = windowAt(input.now ?? now());
+      if (held) {
+        const window = await held.window(input.subject, oldest, bucketMs, trx);
+        return takeResult(held.take(window, bucketMs, oldest, amount, limit));
+      }
       if (amount > 0 && amount <= limit) {
         const room = limit - amount;
         // The bucket's update when it is there, else its upsert (which refuses again what the update refused).
@@ -217,6 +283,19 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
     },
 
     /**
+     * `takeIn` decided at once, with no statement, for a subject whose window is held; undefined when it is
+     * not (or nothing is held: `takeIn`), having done nothing.
+     */
+    takeNow(input: CreditTakeInput): CreditTakeResult | undefined {
+      const window = held?.lookup(input.subject);
+      if (!held || !window) return undefined;
+      const amount = credits('credits', input.credits);
+      const limit = credits('limit', input.limit);
+      const { bucketMs, oldest } = windowAt(input.now ?? now());
+      return takeResult(held.take(window, bucketMs, oldest, amount, limit));
+    },
+
+    /**
      * `takeIn` as writes embedded in the reservation's statement (PostgreSQL; see EmbeddedWrite), with the
      * bucket it takes from: the bucket's upsert when the window's sum leaves room, returning a row when taken,
      * then its hour's, guarded by it. Sound only where that statement runs after the subject's lock is taken,
@@ -246,11 +325,18 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
 
     /**
      * Returns credits taken but not spent (the worst case was more than the real cost) to their bucket and its
-     * hour: on their own or in the caller's transaction `runner`.
+     * hour: on their own or in the caller's transaction `runner`. Held, at once, whatever becomes of that
+     * transaction.
      */
     async giveBack(input: CreditGiveBackInput, runner: StatementRunner = db): Promise<void> {
       const amount = credits('credits', input.credits);
       if (amount === 0) return;
+      if (held) {
+        const { bucketMs, oldest } = windowAt(now());
+        const window = await held.window(input.subject, oldest, bucketMs, runner);
+        held.giveBack(window, input.bucketMs, amount);
+        return;
+      }
       const returned = await subtractUsage(runner, amount, input.subject, input.bucketMs, amount);
       // Only what the bucket still held (it may have been pruned): the hour holds at least as much.
       if (changedAny(returned)) {
@@ -266,9 +352,27 @@ export function createRpcCredits(database: Database, options: RepositoryOptions 
 
     /** The subject's credits in the current rolling 24 hours. */
     async used(subject: string, at: number = now()): Promise<number> {
+      // Held: from the rows once they have everything (`at` may be before what a window still holds).
+      await held?.flush();
       const { oldest, wholeHours } = windowAt(at);
       const [row] = await selectUsage(db, subject, oldest, wholeHours);
       return toNumber(row?.used ?? 0);
+    },
+
+    /** Whether the windows are held in this process (RpcCreditsOptions.held). */
+    holds: held !== undefined,
+
+    /** Whether the subject's window is held now (`takeNow` decides for it). */
+    holdsNow: (subject: string): boolean => held?.lookup(subject) !== undefined,
+
+    /** Writes what is held to the rows; resolves once committed. */
+    flush(): Promise<void> {
+      return held?.flush() ?? Promise.resolve();
+    },
+
+    /** Writes what is held, before the database closes; nothing held is written after it. */
+    close(): Promise<void> {
+      return held?.close() ?? Promise.resolve();
     },
 
     /** Deletes buckets that started before `beforeMs`, and hours that ended by then; returns how many buckets. */

@@ -124,6 +124,8 @@ describe.each(engines)('answers and their captures on $name', ({ name, url }) =>
   const heldUsd = async (accountId: string) =>
     (await server.services.ledger.getBalance(accountId)).usdReservedNano;
   const creditsTaken = async (accountId: string) => {
+    // One SQLite process holds the credits and writes them behind (held-credits.ts): written first.
+    await server.services.rpc.credits.flush();
     const { rows } = await sql<{ credits: string | number | bigint | null }>`select sum(credits) as credits
       from rpc_credit_usage where subject = ${accountId}`.execute(server.services.database.db);
     return BigInt(rows[0]?.credits ?? 0);

@@ -201,8 +201,18 @@ const engines = [
       limitedTotal: 12,
       readBack: [] as string[],
     },
-    // The call's minute held by the process too (taken back should its reservation not commit).
-    rpc: { total: 12, commits: 2, reserve: [3], capture: [5], alone: 0, minute: 0, readBack: [] as string[] },
+    // The call's minute and credits held by the process too (taken back should its hold be refused), and its
+    // hold in memory: the reservation one read alone, as a chat's (no transaction: ReserveWithin.now).
+    rpc: {
+      total: 8,
+      commits: 1,
+      reserve: [],
+      capture: [5],
+      alone: 1,
+      minute: 0,
+      credits: 'held' as const,
+      readBack: [] as string[],
+    },
     // A wallet-paid chat: the nonce, the slot (its lock the read of the balance for the admission minimum,
     // then count, insert), the chat's statements (without a key), the balance for `X-Balance-Remaining`, the
     // slot freed.
@@ -226,7 +236,16 @@ const engines = [
       limitedTotal: 16,
       readBack: ADMISSION,
     },
-    rpc: { total: 15, commits: 2, reserve: [6], capture: [5], alone: 0, minute: 1, readBack: [] as string[] },
+    rpc: {
+      total: 15,
+      commits: 2,
+      reserve: [6],
+      capture: [5],
+      alone: 0,
+      minute: 1,
+      credits: 'rows' as const,
+      readBack: [] as string[],
+    },
     wallet: { total: 21, commits: 3, readBack: ADMISSION },
     building: ADMISSION,
   },
@@ -245,7 +264,16 @@ const engines = [
       limitedTotal: 3,
       readBack: undefined,
     },
-    rpc: { total: 2, commits: 0, reserve: [], capture: [], alone: 2, minute: 1, readBack: undefined },
+    rpc: {
+      total: 2,
+      commits: 0,
+      reserve: [],
+      capture: [],
+      alone: 2,
+      minute: 1,
+      credits: 'script' as const,
+      readBack: undefined,
+    },
     // The same, the slot taken with the balance for the admission minimum in one round trip (the script of
     // the lock and one statement).
     wallet: { total: 7, commits: 0, readBack: undefined },
@@ -400,17 +428,22 @@ describe.each(engines)(
       expect(
         reserved?.filter((s) => s.startsWith('insert into "rate_limit_counters"') || script.test(s)),
       ).toHaveLength(rpcShape.minute);
-      // (PostgreSQL: the take is a write of the prepared statement the script executes. SQLite: an update of the
-      // minute's bucket, which the call before made.)
+      // (PostgreSQL: the take is a write of the prepared statement the script executes. SQLite in the rows: an
+      // update of the minute's bucket, which the call before made. Held by one SQLite process: none, written
+      // behind.)
+      const credits = {
+        held: { usage: [], hours: [] },
+        rows: {
+          usage: [expect.stringMatching(/^update "rpc_credit_usage"/)],
+          hours: [expect.stringMatching(/^insert into "rpc_credit_hours"/)],
+        },
+        script: { usage: [statements.find(reserves)], hours: [statements.find(reserves)] },
+      }[rpcShape.credits];
       expect(statements.filter((s) => s.includes('rpc_credit_usage') || script.test(s))).toEqual(
-        rpcShape.alone === 0
-          ? [expect.stringMatching(/^update "rpc_credit_usage"/)]
-          : [statements.find(reserves)],
+        credits.usage,
       );
       expect(statements.filter((s) => /insert into "?rpc_credit_hours/.test(s) || script.test(s))).toEqual(
-        rpcShape.alone === 0
-          ? [expect.stringMatching(/^insert into "rpc_credit_hours"/)]
-          : [statements.find(reserves)],
+        credits.hours,
       );
       expect(statements.filter((s) => s === 'commit')).toHaveLength(rpcShape.commits);
       expect(statements.length, statements.join('\n')).toBe(rpcShape.total);

@@ -195,12 +195,15 @@ describe('POST /crypto/rpc/{network} with viem against anvil', () => {
   test('behavior: a JSON-RPC error item reaches viem as its RPC error and is billed 5 credits', async () => {
     const { client, seen } = viemClient('base-mainnet');
     const before = await balance();
+    const creditsBefore = await server.services.rpc.credits.used(server.accountId);
     await expect(
       client.request({ method: 'eth_getBalance', params: ['0x1234', 'latest'] } as never),
     ).rejects.toBeInstanceOf(InvalidParamsRpcError);
     expect(seen[0]?.get('x-service-rpc-credits')).toBe('5');
     expect(seen[0]?.get('x-service-rpc-cost-usd')).toBe('0.00000350');
     expect(before - (await balance())).toBe(5n * PRICE_NANO);
+    // Its worst case (20) was taken from the credit cap, and the 15 it did not spend given back.
+    expect((await server.services.rpc.credits.used(server.accountId)) - creditsBefore).toBe(5);
   });
 
   test('behavior: a transaction signed in the client goes through eth_sendRawTransaction and is mined', async () => {
@@ -513,7 +516,7 @@ describe.each([
     expect(await fourth.json()).toMatchObject({ code: 'RPC_RATE_LIMIT_EXCEEDED' });
   });
 
-  test('behavior: calls refused for the balance (402) are not counted in the minute', async () => {
+  test('behavior: calls refused for the balance (402) are not counted in the minute nor in the credits', async () => {
     const poor = (await capped.services.accounts.createApiAccount()).id;
     const poorKey = (await capped.services.keys.create({ accountId: poor, keyType: 'INFERENCE' })).secret;
     await awayFromMinuteEdge();
@@ -521,12 +524,15 @@ describe.each([
       const refused = await postAs(poorKey, call('eth_blockNumber'));
       expect(refused.status).toBe(402);
     }
+    expect(await capped.services.rpc.credits.used(poor)).toBe(0);
     await capped.services.ledger.topUp({ accountId: poor, amountNano: 1_000_000_000n });
     // The minute's three calls are all still there.
     for (let i = 0; i < 3; i++) expect((await postAs(poorKey, call('eth_blockNumber'))).status).toBe(200);
     const over = await postAs(poorKey, call('eth_blockNumber'));
     expect(over.status).toBe(429);
     expect(over.headers.get('x-ratelimit-remaining')).toBe('0');
+    // The three served calls' credits (what each cost, the rest of its worst case given back).
+    expect(await capped.services.rpc.credits.used(poor)).toBe(60);
     await capped.services.rateLimits.flush();
     const [row] = await capped.services.database.db
       .selectFrom('rate_limit_counters')

@@ -22,6 +22,11 @@ export type RpcDomainDeps = {
   rateLimits: RateLimitsRepository;
   charges: Charges;
   idempotency?: IdempotencyPort;
+  /**
+   * Hold the callers' credit windows in this process and write them behind every `flushMs` (rpc-credits.ts
+   * `held`): only where no other process counts in the database (one process on SQLite).
+   */
+  heldCredits?: { flushMs: number };
 };
 
 export type RpcDomain = {
@@ -45,7 +50,10 @@ export function createRpcDomain(deps: RpcDomainDeps): RpcDomain {
       createHttpRpcUpstream({ endpoints: network.upstreams, maxResponseBytes: deps.config.maxResponseBytes }),
     );
   }
-  const credits = createRpcCredits(deps.database);
+  const credits = createRpcCredits(
+    deps.database,
+    deps.heldCredits ? { held: true, heldCredits: deps.heldCredits } : {},
+  );
   const service = createRpcService({
     networks,
     upstreams,

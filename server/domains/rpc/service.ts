@@ -1,11 +1,12 @@
 /**
  * The JSON-RPC proxy: checks and prices every item of a call, replays or claims its idempotency key, then in
- * one transaction (on PostgreSQL one round trip, see admission) counts it under the per-minute cap (one SQLite
- * process holds that count in memory, taken back if the transaction does not commit), takes the
- * worst case from the rolling 24-hour credit cap and reserves it on the ledger, forwards the bytes to the
- * network's nodes (with failover), then returns the node's bytes unchanged while what the answer really cost
- * is charged (the capture is not waited for: Charges.captureDetached). Everything that does not depend on the
- * request is prepared at start.
+ * one transaction (on PostgreSQL one round trip, see admission) counts it under the per-minute cap, takes the
+ * worst case from the rolling 24-hour credit cap and reserves it on the ledger (one SQLite process holds the
+ * count, the credits and the hold in memory: then all three are decided at once, with no transaction, once
+ * the caller's windows are held, `admitNow`; what was counted is taken back if the hold is refused), forwards
+ * the bytes to the network's nodes (with failover), then returns the node's bytes unchanged while what the
+ * answer really cost is charged (the capture is not waited for: Charges.captureDetached). Everything that does
+ * not depend on the request is prepared at start.
  */
 import type { Transaction } from 'kysely';
 import type { components } from '../../../generated/api.d.ts';
@@ -18,8 +19,8 @@ import { extend } from '../../objects.ts';
 import { type RpcUpstream, UpstreamError } from '../../providers/rpc/port.ts';
 import { hashRequestBody, type IdempotencyScope, type IdempotencyStore } from '../../storage/idempotency.ts';
 import type { Reservation, ReserveWithin } from '../../storage/ledger.ts';
-import type { HitInput, RateLimitsRepository } from '../../storage/rate-limits.ts';
-import type { RpcCreditsRepository } from '../../storage/rpc-credits.ts';
+import type { HitInput, HitResult, RateLimitsRepository } from '../../storage/rate-limits.ts';
+import type { CreditTakeResult, RpcCreditsRepository } from '../../storage/rpc-credits.ts';
 import type { Tables } from '../../storage/schema.ts';
 import type { Charges } from '../billing/charges.ts';
 import { billAnswer, planRequest, type RpcPlan } from './billing.ts';
@@ -62,8 +63,11 @@ export type RpcCallInput = {
 
 export type RpcCallResult = { headers: Record<string, string>; body: Buffer | string };
 
-/** The caller's minute as a reservation's transaction counted it (`admitMinute`), to take back if refused. */
-type CountedMinute = { minute?: HitInput };
+/**
+ * What a reservation's admission counted in this process (the minute as `admitMinute` counted it; the credits,
+ * when the windows are held), to take back if the reservation is refused or does not commit.
+ */
+type Counted = { minute?: HitInput; credits?: { subject: string; bucketMs: number; credits: number } };
 
 const CREDIT_HEADER = 'X-Service-RPC-Credits';
 const COST_HEADER = 'X-Service-RPC-Cost-USD';
@@ -86,7 +90,7 @@ export function createRpcService(deps: RpcServiceDeps) {
   async function admitMinute(
     principal: Principal,
     trx: Transaction<Tables>,
-    counted: CountedMinute,
+    counted: Counted,
   ): Promise<void> {
     const at = now();
     const minute = minuteHit(principal, at);
@@ -94,10 +98,14 @@ export function createRpcService(deps: RpcServiceDeps) {
       counted.minute = minute;
       return;
     }
-    const hit = await deps.rateLimits.refused(minute, trx);
+    throw minuteCapError(principal, await deps.rateLimits.refused(minute, trx), at);
+  }
+
+  /** The 429 of a call over its caller's per-minute cap, with the `X-RateLimit-*` headers. */
+  function minuteCapError(principal: Principal, hit: HitResult, at: number): ApiError {
     const staff = limits.staffAccounts.has(principal.accountId);
     const retryAfter = Math.max(1, Math.ceil((hit.resetAtMs - at) / 1000));
-    throw new ApiError(429, 'Rate limit exceeded', {
+    return new ApiError(429, 'Rate limit exceeded', {
       body: {
         error: 'Rate limit exceeded',
         code: 'RPC_RATE_LIMIT_EXCEEDED',
@@ -127,14 +135,21 @@ export function createRpcService(deps: RpcServiceDeps) {
    * worst case taken from the rolling 24-hour credit cap (the bucket it went to is the result). On PostgreSQL
    * also as the two writes of the reservation's one round trip (ReserveWithin.embedded) when both can be.
    */
-  function admission(principal: Principal, plan: RpcPlan, counted: CountedMinute): ReserveWithin<number> {
+  function admission(principal: Principal, plan: RpcPlan, counted: Counted): ReserveWithin<number> {
     const take = { subject: principal.accountId, credits: plan.worstCase, limit: limits.creditsPerDay };
     const within = async (trx: Transaction<Tables>) => {
       await admitMinute(principal, trx, counted);
       const taken = await deps.credits.takeIn(trx, take);
       if (!taken.allowed) throw creditCapError(taken.nextReleaseAtMs);
+      if (deps.credits.holds)
+        counted.credits = { subject: take.subject, bucketMs: taken.bucketMs, credits: take.credits };
       return taken.bucketMs;
     };
+    // Both held in this process (one SQLite process): decided at once, and the hold with them (ledger.ts
+    // holdNow), once the caller's windows are held.
+    if (deps.credits.holds && deps.rateLimits.holds) {
+      return Object.assign(within, { now: () => admitNow(principal, take, counted) });
+    }
     const at = now();
     const minute = deps.rateLimits.hitAlong(minuteHit(principal, at));
     if (!minute) return within;
@@ -143,6 +158,29 @@ export function createRpcService(deps: RpcServiceDeps) {
     return Object.assign(within, {
       embedded: { writes: [minute, ...credits.writes], result: credits.bucketMs },
     });
+  }
+
+  /**
+   * `admission` decided at once, on the minute and the credits held in this process (ReserveWithin.now): the
+   * bucket the credits went to, or undefined when either window is not held yet (nothing counted; the
+   * transaction reads them). What it counted is in `counted`, for `forward` to take back.
+   */
+  function admitNow(
+    principal: Principal,
+    take: { subject: string; credits: number; limit: number },
+    counted: Counted,
+  ): number | undefined {
+    if (!deps.credits.holdsNow(take.subject)) return undefined;
+    const at = now();
+    const minute = minuteHit(principal, at);
+    const hit = deps.rateLimits.countNow(minute);
+    if (!hit) return undefined;
+    if (!hit.allowed) throw minuteCapError(principal, hit, at);
+    counted.minute = minute;
+    const taken = deps.credits.takeNow(extend(take, { now: at })) as CreditTakeResult;
+    if (!taken.allowed) throw creditCapError(taken.nextReleaseAtMs);
+    counted.credits = { subject: take.subject, bucketMs: taken.bucketMs, credits: take.credits };
+    return taken.bucketMs;
   }
 
   function creditCapError(nextReleaseAtMs: number | undefined): ApiError {
@@ -214,7 +252,7 @@ export function createRpcService(deps: RpcServiceDeps) {
     const worstNano = BigInt(plan.worstCase) * price;
     // Also when the worst case is free (a zero price): in the rows, the reservation's account lock serialises
     // the count (held, the process's one thread does).
-    const counted: CountedMinute = {};
+    const counted: Counted = {};
     let reserved: { reservation: Reservation; within: number };
     try {
       reserved = await deps.charges.reserveWith(
@@ -223,9 +261,10 @@ export function createRpcService(deps: RpcServiceDeps) {
         admission(principal, plan, counted),
       );
     } catch (error) {
-      // Refused after its count (the credit cap, the balance) or not committed: not counted in the minute.
-      // Should the count's row be unreadable, the minute keeps it: one too many, never one too few.
+      // Refused after its count (the credit cap, the balance) or not committed: not counted in the minute,
+      // nor in the credits. Should a row be unreadable, the window keeps it: one too many, never one too few.
       if (counted.minute) await deps.rateLimits.takeBack(counted.minute).catch(() => undefined);
+      if (counted.credits) await deps.credits.giveBack(counted.credits).catch(() => undefined);
       throw error;
     }
     const { reservation, within: bucketMs } = reserved;
@@ -247,7 +286,9 @@ export function createRpcService(deps: RpcServiceDeps) {
           : undefined;
       if (costNano > 0n) {
         // The answer need not wait for its capture (captureDetached): the reservation already holds the
-        // money, and a capture that fails gives back everything this call took.
+        // money, and a capture that fails gives back everything this call took. Held credits are given back
+        // at once (whatever becomes of the capture's transaction): then a failed capture gives back the rest.
+        const heldCredits = deps.credits.holds;
         deps.charges.captureDetached(
           reservation,
           [
@@ -259,10 +300,11 @@ export function createRpcService(deps: RpcServiceDeps) {
               modelId: network.slug,
             },
           ],
-          giveBack,
-          () => deps.credits.giveBack({ subject, bucketMs, credits: plan.worstCase }),
+          heldCredits ? undefined : giveBack,
+          () => deps.credits.giveBack({ subject, bucketMs, credits: heldCredits ? credits : plan.worstCase }),
         );
         held = false;
+        if (heldCredits) giveBack?.().catch(() => undefined);
       } else {
         await deps.charges.release(reservation);
         held = false;

@@ -1,0 +1,282 @@
+/**
+ * JSON-RPC credits held in this process, for a database that no other process counts in: SQLite served by one
+ * process (`WORKERS=1`, the embedded default), as held-counts.ts holds the rate limits' counts. A caller's
+ * rolling 24 hours (rpc-credits.ts) are then its minute buckets in memory with their sum, read from the rows
+ * once, when the caller is first seen; a take is decided and counted at once and exactly (the process is
+ * single-threaded: from the check of the sum to the count nothing else runs), a give-back likewise, and what
+ * changed reaches the rows later, added up per bucket, every `flushMs` in one short write (the bucket's row and
+ * its hour's, rpc-credits.ts). The database stays the record: a caller not held is read from its rows first, a
+ * change is held until its rows have it, and `flush` writes everything before the database closes.
+ *
+ * What a crash of the process can lose is the changes of its last `flushMs` (50 ms): after a restart those
+ * calls' credits are not in the window. The same stance as the rate limits' counts; no money depends on a
+ * credit count (the ledger's reservation and capture are written as ever).
+ *
+ * A held window never goes back in time: a take whose clock reads a minute before the latest one it was
+ * counted at is counted at that latest minute, so that the window never needs a bucket it has already let go.
+ *
+ * Why: the proxy's credit take was two statements in the reservation's transaction (its bucket, its hour),
+ * which kept every JSON-RPC call's hold in a transaction of its own; held here, the take costs a map lookup
+ * and the hold is made in memory as a chat's (ledger.ts `holdNow`; bench/HISTORY.md, fifty-first round).
+ */
+import type { StatementRunner } from './internal.ts';
+
+/** A caller's window as held: every bucket from `from` on, oldest first, and their sum. */
+export type HeldWindow = {
+  readonly subject: string;
+  /** Credits by minute bucket (its start, epoch ms), in ascending order. */
+  readonly buckets: Map<number, number>;
+  /** The sum of `buckets`. */
+  total: number;
+  /** The window's oldest bucket: every bucket from it on is in `buckets`. */
+  from: number;
+  /** The latest minute a take was counted at. */
+  current: number;
+  /** Changes made here and not yet in a write, by bucket (negative: more given back than taken since). */
+  readonly unwritten: Map<number, number>;
+  /** Writes of this window's changes not yet committed. */
+  writing: number;
+  /** When it was last used (for letting idle windows go). */
+  usedAt: number;
+};
+
+export type HeldCreditsOptions = {
+  /** The subject's buckets from `oldest` on, in ascending order of their start; on `runner` when given. */
+  read(
+    subject: string,
+    oldest: number,
+    runner?: StatementRunner,
+  ): Promise<Array<{ bucketMs: number; credits: number }>>;
+  /** Adds `credits` (negative: gives back) to the bucket's row and its hour's, with `runner`. */
+  write(runner: StatementRunner, subject: string, bucketMs: number, credits: number): Promise<unknown>;
+  /** Runs a flush's writes as one short write (Database.write). */
+  commit(fn: (runner: StatementRunner) => Promise<void>): Promise<void>;
+  now(): number;
+  /** How long a change waits for its rows (default held-counts.ts FLUSH_MS). */
+  flushMs: number;
+  /** Buckets held at most, over every window; past it, idle windows whose rows have everything are let go. */
+  capacity?: number;
+};
+
+/** Where a take was counted (its bucket), or why not (the window's sum, its oldest bucket). */
+export type HeldTake =
+  | { taken: true; bucketMs: number }
+  | { taken: false; used: number; first: number | undefined };
+
+/** Buckets held at most (about 60 bytes each: a caller busy every minute of the day holds 1,440). */
+export const CAPACITY = 200_000;
+/** A window not used for this long is let go once its rows have everything. */
+const IDLE_MS = 10 * 60_000;
+/** How often idle windows are looked for. */
+const SWEEP_MS = 1_000;
+
+export type HeldCredits = ReturnType<typeof createHeldCredits>;
+
+export function createHeldCredits(options: HeldCreditsOptions) {
+  const capacity = options.capacity ?? CAPACITY;
+  const held = new Map<string, HeldWindow>();
+  /** Buckets held, over every window. */
+  let size = 0;
+  const dirty = new Set<HeldWindow>();
+  let timer: NodeJS.Timeout | undefined;
+  let writing: Promise<void> | undefined;
+  let sweptAt = options.now();
+  let closed = false;
+
+  const pending = (window: HeldWindow) => window.unwritten.size > 0 || window.writing > 0;
+
+  /** Drops the buckets before `oldest` (they left the window) from the window and its sum. */
+  function slide(window: HeldWindow, oldest: number) {
+    for (const [bucketMs, credits] of window.buckets) {
+      if (bucketMs >= oldest) break;
+      window.buckets.delete(bucketMs);
+      window.total -= credits;
+      size--;
+    }
+    window.from = oldest;
+  }
+
+  /** Adds `credits` (negative: gives back) to the window's bucket, kept in ascending order, and to its writes. */
+  function change(window: HeldWindow, bucketMs: number, credits: number) {
+    const { buckets } = window;
+    const had = buckets.get(bucketMs);
+    if (had === undefined) {
+      let last: number | undefined;
+      for (const key of buckets.keys()) last = key;
+      buckets.set(bucketMs, credits);
+      size++;
+      // Before a bucket already there (rows of a clock that ran ahead): put back in order.
+      if (last !== undefined && last > bucketMs) {
+        const sorted = [...buckets].sort((a, b) => a[0] - b[0]);
+        buckets.clear();
+        for (const [key, value] of sorted) buckets.set(key, value);
+      }
+    } else buckets.set(bucketMs, had + credits);
+    window.total += credits;
+    // Kept at zero too: the bucket's row is made as the rows' own take and give-back make it (its start is
+    // the window's first, which says when credits free up).
+    window.unwritten.set(bucketMs, (window.unwritten.get(bucketMs) ?? 0) + credits);
+    dirty.add(window);
+    schedule();
+  }
+
+  /**
+   * Lets go of the windows whose rows have everything and that were not used for IDLE_MS, and past the
+   * capacity the others whose rows have everything and not used in the last SWEEP_MS, least recently used
+   * first: a window let go is read from its rows again. Only here, in a timer's turn: a read of the rows and the window made from it happen in one turn
+   * (promises only), so no window is let go between them.
+   */
+  function sweep(at: number) {
+    const over = size > capacity;
+    if (!over && at - sweptAt < SWEEP_MS) return;
+    sweptAt = at;
+    for (const [subject, window] of held) {
+      if (!pending(window) && at - window.usedAt >= IDLE_MS) letGo(subject, window);
+    }
+    if (size <= capacity) return;
+    // Not one used in the last SWEEP_MS: a window just read may not have been used yet.
+    const idle = [...held.values()]
+      .filter((window) => !pending(window) && at - window.usedAt >= SWEEP_MS)
+      .sort((a, b) => a.usedAt - b.usedAt);
+    for (const window of idle) {
+      if (size <= capacity) break;
+      letGo(window.subject, window);
+    }
+  }
+
+  function letGo(subject: string, window: HeldWindow) {
+    held.delete(subject);
+    size -= window.buckets.size;
+  }
+
+  function schedule() {
+    if (timer || closed) return;
+    timer = setTimeout(() => void flush(), options.flushMs);
+    timer.unref();
+  }
+
+  /** Writes every change not yet written, one per bucket, in one short write; resolves once committed. */
+  function flush(): Promise<void> {
+    if (timer) clearTimeout(timer);
+    timer = undefined;
+    sweep(options.now());
+    const batch: Array<{ window: HeldWindow; changes: Array<[number, number]> }> = [];
+    for (const window of dirty) {
+      if (window.unwritten.size === 0) continue;
+      batch.push({ window, changes: [...window.unwritten] });
+      window.unwritten.clear();
+      window.writing++;
+    }
+    dirty.clear();
+    if (batch.length === 0) return writing ?? Promise.resolve();
+    const written = options
+      .commit(async (runner) => {
+        for (const { window, changes } of batch) {
+          for (const [bucketMs, credits] of changes) {
+            await options.write(runner, window.subject, bucketMs, credits);
+          }
+        }
+      })
+      .then(
+        () => {
+          for (const { window } of batch) window.writing--;
+        },
+        () => {
+          // Not written: held still, and tried again with the next flush.
+          for (const { window, changes } of batch) {
+            window.writing--;
+            for (const [bucketMs, credits] of changes) {
+              window.unwritten.set(bucketMs, (window.unwritten.get(bucketMs) ?? 0) + credits);
+            }
+            dirty.add(window);
+          }
+          schedule();
+        },
+      );
+    const all: Promise<void> = Promise.all([writing, written]).then(() => {
+      if (writing === all) writing = undefined;
+    });
+    writing = all;
+    return all;
+  }
+
+  /** The subject's window, when held. */
+  const lookup = (subject: string): HeldWindow | undefined => held.get(subject);
+
+  return {
+    lookup,
+
+    /**
+     * The subject's window: held, or read from its rows from `oldest` on (with `runner`: a caller inside a
+     * transaction reads on it) and held from then on. Use it in the turn it is given: it may be let go after.
+     */
+    async window(subject: string, oldest: number, current: number, runner?: StatementRunner) {
+      const found = lookup(subject);
+      if (found) return found;
+      const rows = await options.read(subject, oldest, runner);
+      // Another call may have read it meanwhile (and counted in it): that one stays.
+      const again = lookup(subject);
+      if (again) return again;
+      const window: HeldWindow = {
+        subject,
+        buckets: new Map(),
+        total: 0,
+        from: oldest,
+        current,
+        unwritten: new Map(),
+        writing: 0,
+        usedAt: options.now(),
+      };
+      for (const { bucketMs, credits } of rows) {
+        window.buckets.set(bucketMs, credits);
+        window.total += credits;
+      }
+      size += window.buckets.size;
+      held.set(subject, window);
+      return window;
+    },
+
+    /**
+     * Takes `credits` into the bucket of minute `bucketMs` if the window (whose oldest bucket is then
+     * `oldest`) stays within `limit`; nothing to take is allowed as long as the window is within it. A minute
+     * before the latest one the window counted at is taken as that one (see the module comment).
+     */
+    take(window: HeldWindow, bucketMs: number, oldest: number, credits: number, limit: number): HeldTake {
+      window.usedAt = options.now();
+      let at = bucketMs;
+      if (bucketMs < window.current) at = window.current;
+      else if (bucketMs > window.current) {
+        window.current = bucketMs;
+        slide(window, oldest);
+      }
+      if (window.total + credits > limit) {
+        const [first] = window.buckets.keys();
+        return { taken: false, used: window.total, first };
+      }
+      if (credits > 0) change(window, at, credits);
+      return { taken: true, bucketMs: at };
+    },
+
+    /**
+     * Gives back `credits` taken into `bucketMs` and not spent, when the bucket still holds as much (a bucket
+     * that has left the window counts no more: nothing to give back).
+     */
+    giveBack(window: HeldWindow, bucketMs: number, credits: number) {
+      const had = window.buckets.get(bucketMs);
+      if (had === undefined || had < credits || credits === 0) return;
+      change(window, bucketMs, -credits);
+    },
+
+    flush,
+
+    /** Writes what is held, and stops writing by itself (the database is closing). */
+    close(): Promise<void> {
+      const last = flush();
+      closed = true;
+      return last;
+    },
+
+    /** Windows and buckets held (for tests). */
+    size: () => ({ windows: held.size, buckets: size }),
+  };
+}
