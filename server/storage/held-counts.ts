@@ -16,6 +16,7 @@
  */
 import { innerMap } from '../objects.ts';
 import type { StatementRunner } from './internal.ts';
+import { writeBehind } from './write-behind.ts';
 
 /** A window's count: its row's `used` plus what this process counted since (`unwritten`, then `writing`). */
 export type HeldCount = {
@@ -68,10 +69,7 @@ export function createHeldCounts(options: HeldCountsOptions) {
   /** Windows held (over every bucket). */
   let size = 0;
   const dirty = new Set<HeldCount>();
-  let timer: NodeJS.Timeout | undefined;
-  let writing: Promise<void> | undefined;
   let sweptAt = options.now();
-  let closed = false;
 
   const find = (bucket: string, start: number) => held.get(bucket)?.get(start);
   function keep(count: HeldCount) {
@@ -105,56 +103,47 @@ export function createHeldCounts(options: HeldCountsOptions) {
     }
   }
 
-  function schedule() {
-    if (timer || closed) return;
-    timer = setTimeout(() => void flush(), flushMs);
-    timer.unref();
-  }
+  /** A flush's batch: the windows with counts to write, and each one's amount. */
+  type Batch = { counts: HeldCount[]; amounts: number[] };
 
-  /** Writes every count not yet written, one upsert per window, in one short write; resolves once committed. */
-  function flush(): Promise<void> {
-    if (timer) clearTimeout(timer);
-    timer = undefined;
-    sweep(options.now());
-    // A window whose counts were all taken back before a write has nothing to write.
-    const batch: HeldCount[] = [];
-    for (const count of dirty) if (count.unwritten !== 0) batch.push(count);
-    dirty.clear();
-    if (batch.length === 0) return writing ?? Promise.resolve();
-    const amounts = batch.map((count) => {
-      const amount = count.unwritten;
-      count.unwritten = 0;
-      count.writing += amount;
-      return amount;
-    });
-    const written = options
-      .commit(async (runner) => {
-        for (let i = 0; i < batch.length; i++) {
-          const count = batch[i] as HeldCount;
+  // Every count not yet written, one upsert per window, in one short write.
+  const behind = writeBehind<Batch>({
+    flushMs,
+    take() {
+      sweep(options.now());
+      // A window whose counts were all taken back before a write has nothing to write.
+      const counts: HeldCount[] = [];
+      for (const count of dirty) if (count.unwritten !== 0) counts.push(count);
+      dirty.clear();
+      if (counts.length === 0) return undefined;
+      const amounts = counts.map((count) => {
+        const amount = count.unwritten;
+        count.unwritten = 0;
+        count.writing += amount;
+        return amount;
+      });
+      return { counts, amounts };
+    },
+    write: ({ counts, amounts }) =>
+      options.commit(async (runner) => {
+        for (let i = 0; i < counts.length; i++) {
+          const count = counts[i] as HeldCount;
           await options.write(runner, count.bucket, count.start, amounts[i] as number);
         }
-      })
-      .then(
-        () => {
-          for (let i = 0; i < batch.length; i++) (batch[i] as HeldCount).writing -= amounts[i] as number;
-        },
-        () => {
-          // Not written: counted still, and tried again with the next flush.
-          for (let i = 0; i < batch.length; i++) {
-            const count = batch[i] as HeldCount;
-            count.writing -= amounts[i] as number;
-            count.unwritten += amounts[i] as number;
-            dirty.add(count);
-          }
-          schedule();
-        },
-      );
-    const all: Promise<void> = Promise.all([writing, written]).then(() => {
-      if (writing === all) writing = undefined;
-    });
-    writing = all;
-    return all;
-  }
+      }),
+    written({ counts, amounts }) {
+      for (let i = 0; i < counts.length; i++) (counts[i] as HeldCount).writing -= amounts[i] as number;
+    },
+    failed({ counts, amounts }) {
+      // Not written: counted still, and tried again with the next flush.
+      for (let i = 0; i < counts.length; i++) {
+        const count = counts[i] as HeldCount;
+        count.writing -= amounts[i] as number;
+        count.unwritten += amounts[i] as number;
+        dirty.add(count);
+      }
+    },
+  });
 
   /** The windows' counts, in their order, when all are held (the usual case: no promise). */
   function lookup(windows: readonly HeldWindow[]): HeldCount[] | undefined {
@@ -203,17 +192,14 @@ export function createHeldCounts(options: HeldCountsOptions) {
       count.used += cost;
       count.unwritten += cost;
       dirty.add(count);
-      schedule();
+      behind.schedule();
     },
 
-    flush,
+    /** Writes every count not yet written; resolves once committed. */
+    flush: behind.flush,
 
     /** Writes what is held, and stops writing by itself (the database is closing). */
-    close(): Promise<void> {
-      const last = flush();
-      closed = true;
-      return last;
-    },
+    close: behind.close,
 
     /** Windows held (for tests). */
     size: () => size,

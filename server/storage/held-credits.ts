@@ -20,6 +20,7 @@
  * and the hold is made in memory as a chat's (ledger.ts `holdNow`; bench/HISTORY.md, fifty-first round).
  */
 import type { StatementRunner } from './internal.ts';
+import { writeBehind } from './write-behind.ts';
 
 /** A caller's window as held: every bucket from `from` on, oldest first, and their sum. */
 export type HeldWindow = {
@@ -78,10 +79,7 @@ export function createHeldCredits(options: HeldCreditsOptions) {
   /** Buckets held, over every window. */
   let size = 0;
   const dirty = new Set<HeldWindow>();
-  let timer: NodeJS.Timeout | undefined;
-  let writing: Promise<void> | undefined;
   let sweptAt = options.now();
-  let closed = false;
 
   const pending = (window: HeldWindow) => window.unwritten.size > 0 || window.writing > 0;
 
@@ -117,7 +115,7 @@ export function createHeldCredits(options: HeldCreditsOptions) {
     // the window's first, which says when credits free up).
     window.unwritten.set(bucketMs, (window.unwritten.get(bucketMs) ?? 0) + credits);
     dirty.add(window);
-    schedule();
+    behind.schedule();
   }
 
   /**
@@ -149,56 +147,46 @@ export function createHeldCredits(options: HeldCreditsOptions) {
     size -= window.buckets.size;
   }
 
-  function schedule() {
-    if (timer || closed) return;
-    timer = setTimeout(() => void flush(), options.flushMs);
-    timer.unref();
-  }
+  /** A flush's batch: each window with its changes, by bucket. */
+  type Batch = Array<{ window: HeldWindow; changes: Array<[number, number]> }>;
 
-  /** Writes every change not yet written, one per bucket, in one short write; resolves once committed. */
-  function flush(): Promise<void> {
-    if (timer) clearTimeout(timer);
-    timer = undefined;
-    sweep(options.now());
-    const batch: Array<{ window: HeldWindow; changes: Array<[number, number]> }> = [];
-    for (const window of dirty) {
-      if (window.unwritten.size === 0) continue;
-      batch.push({ window, changes: [...window.unwritten] });
-      window.unwritten.clear();
-      window.writing++;
-    }
-    dirty.clear();
-    if (batch.length === 0) return writing ?? Promise.resolve();
-    const written = options
-      .commit(async (runner) => {
+  // Every change not yet written, one per bucket, in one short write.
+  const behind = writeBehind<Batch>({
+    flushMs: options.flushMs,
+    take() {
+      sweep(options.now());
+      const batch: Batch = [];
+      for (const window of dirty) {
+        if (window.unwritten.size === 0) continue;
+        batch.push({ window, changes: [...window.unwritten] });
+        window.unwritten.clear();
+        window.writing++;
+      }
+      dirty.clear();
+      return batch.length === 0 ? undefined : batch;
+    },
+    write: (batch) =>
+      options.commit(async (runner) => {
         for (const { window, changes } of batch) {
           for (const [bucketMs, credits] of changes) {
             await options.write(runner, window.subject, bucketMs, credits);
           }
         }
-      })
-      .then(
-        () => {
-          for (const { window } of batch) window.writing--;
-        },
-        () => {
-          // Not written: held still, and tried again with the next flush.
-          for (const { window, changes } of batch) {
-            window.writing--;
-            for (const [bucketMs, credits] of changes) {
-              window.unwritten.set(bucketMs, (window.unwritten.get(bucketMs) ?? 0) + credits);
-            }
-            dirty.add(window);
-          }
-          schedule();
-        },
-      );
-    const all: Promise<void> = Promise.all([writing, written]).then(() => {
-      if (writing === all) writing = undefined;
-    });
-    writing = all;
-    return all;
-  }
+      }),
+    written(batch) {
+      for (const { window } of batch) window.writing--;
+    },
+    failed(batch) {
+      // Not written: held still, and tried again with the next flush.
+      for (const { window, changes } of batch) {
+        window.writing--;
+        for (const [bucketMs, credits] of changes) {
+          window.unwritten.set(bucketMs, (window.unwritten.get(bucketMs) ?? 0) + credits);
+        }
+        dirty.add(window);
+      }
+    },
+  });
 
   /** The subject's window, when held. */
   const lookup = (subject: string): HeldWindow | undefined => held.get(subject);
@@ -267,14 +255,11 @@ export function createHeldCredits(options: HeldCreditsOptions) {
       change(window, bucketMs, -credits);
     },
 
-    flush,
+    /** Writes every change not yet written; resolves once committed. */
+    flush: behind.flush,
 
     /** Writes what is held, and stops writing by itself (the database is closing). */
-    close(): Promise<void> {
-      const last = flush();
-      closed = true;
-      return last;
-    },
+    close: behind.close,
 
     /** Windows and buckets held (for tests). */
     size: () => ({ windows: held.size, buckets: size }),
