@@ -246,6 +246,18 @@ export function createHeldCredits(options: HeldCreditsOptions) {
     },
 
     /**
+     * The subject's credits in its buckets from `oldest` on, when its window is held and holds all of them
+     * (`oldest` not before the window's first); undefined otherwise.
+     */
+    usedFrom(subject: string, oldest: number): number | undefined {
+      const window = lookup(subject);
+      if (!window || oldest < window.from) return undefined;
+      let used = 0;
+      for (const [bucketMs, credits] of window.buckets) if (bucketMs >= oldest) used += credits;
+      return used;
+    },
+
+    /**
      * Gives back `credits` taken into `bucketMs` and not spent, when the bucket still holds as much (a bucket
      * that has left the window counts no more: nothing to give back).
      */

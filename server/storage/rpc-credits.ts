@@ -352,9 +352,14 @@ export function createRpcCredits(database: Database, options: RpcCreditsOptions 
 
     /** The subject's credits in the current rolling 24 hours. */
     async used(subject: string, at: number = now()): Promise<number> {
-      // Held: from the rows once they have everything (`at` may be before what a window still holds).
-      await held?.flush();
       const { oldest, wholeHours } = windowAt(at);
+      if (held) {
+        // Held with every bucket from `oldest` on: from memory, what is not yet written included; otherwise
+        // (not held, or `at` before what the window still holds) from the rows once they have everything.
+        const counted = held.usedFrom(subject, oldest);
+        if (counted !== undefined) return counted;
+        await held.flush();
+      }
       const [row] = await selectUsage(db, subject, oldest, wholeHours);
       return toNumber(row?.used ?? 0);
     },

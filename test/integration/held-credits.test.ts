@@ -144,13 +144,15 @@ describe('JSON-RPC credits held by the process', () => {
     await held.close();
   });
 
-  test('behavior: a held take sends no statement; the writes come behind, by the timer, and a restart reads them', async () => {
+  test('behavior: a held take and a read of the window send no statement; the writes come behind, by the timer, and a restart reads them', async () => {
     const held = heldCredits(20);
     await held.takeIn(database.db, { subject: 'held-c', credits: 5, limit: 100 });
     sent.length = 0;
     for (let i = 0; i < 10; i++) {
       expect(held.takeNow({ subject: 'held-c', credits: 5, limit: 100 })).toMatchObject({ allowed: true });
     }
+    // Read from memory, what is not yet written included: still no statement.
+    expect(await held.used('held-c')).toBe(55);
     expect(sent).toEqual([]);
     // Within the flush interval, added up: one write of the bucket and one of its hour.
     await vi.waitFor(async () => expect((await rowsOf('held-c')).buckets).toEqual([[T0 - 30_000, 55]]), {

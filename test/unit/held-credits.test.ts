@@ -109,6 +109,9 @@ describe('held credit windows', () => {
       expect(take).toEqual({ taken: true, bucketMs });
       reference.set(bucketMs, (reference.get(bucketMs) ?? 0) + amount);
       expect(window.total).toBe(sumAt(clock.now));
+      // A read of the window from a later minute's oldest on; none from before what it holds.
+      expect(credits.usedFrom('a', oldest + 90 * MINUTE)).toBe(sumAt(clock.now + 90 * MINUTE));
+      expect(credits.usedFrom('a', oldest - MINUTE)).toBeUndefined();
       // Some of it given back, as a call that cost less than its worst case; more than the bucket holds is not.
       if (i % 3 === 0) {
         credits.giveBack(window, bucketMs, 1);
