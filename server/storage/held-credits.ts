@@ -22,16 +22,14 @@
 import type { StatementRunner } from './internal.ts';
 import { writeBehind } from './write-behind.ts';
 
-/** A caller's window as held: every bucket from `from` on, oldest first, and their sum. */
+/** A caller's window as held: every bucket of the span ending with `current`, oldest first, and their sum. */
 export type HeldWindow = {
   readonly subject: string;
   /** Credits by minute bucket (its start, epoch ms), in ascending order. */
   readonly buckets: Map<number, number>;
   /** The sum of `buckets`. */
   total: number;
-  /** The window's oldest bucket: every bucket from it on is in `buckets`. */
-  from: number;
-  /** The latest minute a take was counted at. */
+  /** The latest minute a take was counted at: every bucket from `current - spanMs` on is in `buckets`. */
   current: number;
   /** Changes made here and not yet in a write, by bucket (negative: more given back than taken since). */
   readonly unwritten: Map<number, number>;
@@ -53,7 +51,9 @@ export type HeldCreditsOptions = {
   /** Runs a flush's writes as one short write (Database.write). */
   commit(fn: (runner: StatementRunner) => Promise<void>): Promise<void>;
   now(): number;
-  /** How long a change waits for its rows (default held-counts.ts FLUSH_MS). */
+  /** The window's length before its latest minute: its oldest bucket starts `spanMs` before that minute's. */
+  spanMs: number;
+  /** How long a change waits for its rows. */
   flushMs: number;
   /** Buckets held at most, over every window; past it, idle windows whose rows have everything are let go. */
   capacity?: number;
@@ -83,15 +83,18 @@ export function createHeldCredits(options: HeldCreditsOptions) {
 
   const pending = (window: HeldWindow) => window.unwritten.size > 0 || window.writing > 0;
 
-  /** Drops the buckets before `oldest` (they left the window) from the window and its sum. */
-  function slide(window: HeldWindow, oldest: number) {
+  const { spanMs } = options;
+
+  /** Moves the window on to minute `current`: the buckets that left it dropped from it and from its sum. */
+  function slide(window: HeldWindow, current: number) {
+    window.current = current;
+    const oldest = current - spanMs;
     for (const [bucketMs, credits] of window.buckets) {
       if (bucketMs >= oldest) break;
       window.buckets.delete(bucketMs);
       window.total -= credits;
       size--;
     }
-    window.from = oldest;
   }
 
   /** Adds `credits` (negative: gives back) to the window's bucket, kept in ascending order, and to its writes. */
@@ -120,9 +123,9 @@ export function createHeldCredits(options: HeldCreditsOptions) {
 
   /**
    * Lets go of the windows whose rows have everything and that were not used for IDLE_MS, and past the
-   * capacity the others whose rows have everything and not used in the last SWEEP_MS, least recently used
-   * first: a window let go is read from its rows again. Only here, in a timer's turn: a read of the rows and the window made from it happen in one turn
-   * (promises only), so no window is let go between them.
+   * capacity the others whose rows have everything and were not used in the last SWEEP_MS, least recently
+   * used first: a window let go is read from its rows again. None read in the last SWEEP_MS (its `usedAt`
+   * is its read's), so a window is not let go between its read and the take or give-back it was read for.
    */
   function sweep(at: number) {
     const over = size > capacity;
@@ -195,13 +198,14 @@ export function createHeldCredits(options: HeldCreditsOptions) {
     lookup,
 
     /**
-     * The subject's window: held, or read from its rows from `oldest` on (with `runner`: a caller inside a
-     * transaction reads on it) and held from then on. Use it in the turn it is given: it may be let go after.
+     * The subject's window: held, or read from its rows as it stands at minute `current` (with `runner`: a
+     * caller inside a transaction reads on it) and held from then on. Use it when it is given: it may be let
+     * go later.
      */
-    async window(subject: string, oldest: number, current: number, runner?: StatementRunner) {
+    async window(subject: string, current: number, runner?: StatementRunner) {
       const found = lookup(subject);
       if (found) return found;
-      const rows = await options.read(subject, oldest, runner);
+      const rows = await options.read(subject, current - spanMs, runner);
       // Another call may have read it meanwhile (and counted in it): that one stays.
       const again = lookup(subject);
       if (again) return again;
@@ -209,7 +213,6 @@ export function createHeldCredits(options: HeldCreditsOptions) {
         subject,
         buckets: new Map(),
         total: 0,
-        from: oldest,
         current,
         unwritten: new Map(),
         writing: 0,
@@ -225,18 +228,14 @@ export function createHeldCredits(options: HeldCreditsOptions) {
     },
 
     /**
-     * Takes `credits` into the bucket of minute `bucketMs` if the window (whose oldest bucket is then
-     * `oldest`) stays within `limit`; nothing to take is allowed as long as the window is within it. A minute
-     * before the latest one the window counted at is taken as that one (see the module comment).
+     * Takes `credits` into the bucket of minute `bucketMs` if the window, moved on to that minute, stays
+     * within `limit`; nothing to take is allowed as long as the window is within it. A minute before the
+     * latest one the window counted at is taken as that one (see the module comment).
      */
-    take(window: HeldWindow, bucketMs: number, oldest: number, credits: number, limit: number): HeldTake {
+    take(window: HeldWindow, bucketMs: number, credits: number, limit: number): HeldTake {
       window.usedAt = options.now();
-      let at = bucketMs;
-      if (bucketMs < window.current) at = window.current;
-      else if (bucketMs > window.current) {
-        window.current = bucketMs;
-        slide(window, oldest);
-      }
+      if (bucketMs > window.current) slide(window, bucketMs);
+      const at = window.current;
       if (window.total + credits > limit) {
         const [first] = window.buckets.keys();
         return { taken: false, used: window.total, first };
@@ -251,7 +250,7 @@ export function createHeldCredits(options: HeldCreditsOptions) {
      */
     usedFrom(subject: string, oldest: number): number | undefined {
       const window = lookup(subject);
-      if (!window || oldest < window.from) return undefined;
+      if (!window || oldest < window.current - spanMs) return undefined;
       let used = 0;
       for (const [bucketMs, credits] of window.buckets) if (bucketMs >= oldest) used += credits;
       return used;

@@ -310,6 +310,13 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
   }
 
   type HitPlan = ReturnType<typeof planHit>;
+
+  /** A hit counted in a held window when it has room (the cost within the limit); whether it was. */
+  function countIn(counts: HeldCounts, count: HeldCount, plan: HitPlan): boolean {
+    if (plan.cost > plan.limit || count.used + plan.cost > plan.limit) return false;
+    counts.add(count, plan.cost);
+    return true;
+  }
   /** A refused hit's figures: the window as it is, this hit not counted. */
   const refusal = async (bucket: string, plan: HitPlan, runner: StatementRunner): Promise<HitResult> =>
     hitResult(plan, await current(bucket, plan.start, runner), false);
@@ -395,10 +402,7 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
       const { limit, cost, start } = plan;
       if (cost > limit) return false;
       if (!held) return changedAny(await countHitQuietly(runner, input.bucket, start, cost, limit));
-      const count = await heldCount(held, input.bucket, plan, runner);
-      if (count.used + cost > limit) return false;
-      held.add(count, cost);
-      return true;
+      return countIn(held, await heldCount(held, input.bucket, plan, runner), plan);
     },
 
     /**
@@ -412,9 +416,7 @@ export function createRateLimits(database: Database, options: RateLimitsOptions 
       const [count] =
         held.lookup([{ bucket: input.bucket, start: plan.start, resetAtMs: plan.resetAtMs }]) ?? [];
       if (!count) return undefined;
-      const allowed = plan.cost <= plan.limit && count.used + plan.cost <= plan.limit;
-      if (allowed) held.add(count, plan.cost);
-      return hitResult(plan, count.used, allowed);
+      return hitResult(plan, count.used, countIn(held, count, plan));
     },
 
     /**

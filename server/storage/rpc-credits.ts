@@ -21,7 +21,13 @@ import { sql } from 'kysely';
 import { type Database, JOIN_SHARED } from './database.ts';
 import { InvalidInputError } from './errors.ts';
 import { FLUSH_MS } from './held-counts.ts';
-import { createHeldCredits, type HeldCreditsOptions, type HeldTake } from './held-credits.ts';
+import {
+  createHeldCredits,
+  type HeldCredits,
+  type HeldCreditsOptions,
+  type HeldTake,
+  type HeldWindow,
+} from './held-credits.ts';
 import {
   changedAny,
   compiledOnce,
@@ -231,10 +237,23 @@ export function createRpcCredits(database: Database, options: RpcCreditsOptions 
           },
           commit: (fn) => database.write(fn, JOIN_SHARED),
           now,
+          // The window's oldest minute before its latest (windowAt).
+          spanMs: DAY_MS - MINUTE_MS,
           flushMs: FLUSH_MS,
           ...options.heldCredits,
         })
       : undefined;
+
+  /** A take of `amount` within `limit` decided on the subject's held window, at the minute of `input.now`. */
+  function takeHeld(
+    windows: HeldCredits,
+    window: HeldWindow,
+    input: CreditTakeInput,
+    amount: number,
+    limit: number,
+  ): CreditTakeResult {
+    return takeResult(windows.take(window, windowAt(input.now ?? now()).bucketMs, amount, limit));
+  }
 
   return {
     /**
@@ -247,10 +266,7 @@ export function createRpcCredits(database: Database, options: RpcCreditsOptions 
       const amount = credits('credits', input.credits);
       const limit = credits('limit', input.limit);
       const { bucketMs, hourMs, oldest, wholeHours } = windowAt(input.now ?? now());
-      if (held) {
-        const window = await held.window(input.subject, oldest, bucketMs, trx);
-        return takeResult(held.take(window, bucketMs, oldest, amount, limit));
-      }
+      if (held) return takeHeld(held, await held.window(input.subject, bucketMs, trx), input, amount, limit);
       if (amount > 0 && amount <= limit) {
         const room = limit - amount;
         // The bucket's update when it is there, else its upsert (which refuses again what the update refused).
@@ -289,10 +305,7 @@ export function createRpcCredits(database: Database, options: RpcCreditsOptions 
     takeNow(input: CreditTakeInput): CreditTakeResult | undefined {
       const window = held?.lookup(input.subject);
       if (!held || !window) return undefined;
-      const amount = credits('credits', input.credits);
-      const limit = credits('limit', input.limit);
-      const { bucketMs, oldest } = windowAt(input.now ?? now());
-      return takeResult(held.take(window, bucketMs, oldest, amount, limit));
+      return takeHeld(held, window, input, credits('credits', input.credits), credits('limit', input.limit));
     },
 
     /**
@@ -332,8 +345,7 @@ export function createRpcCredits(database: Database, options: RpcCreditsOptions 
       const amount = credits('credits', input.credits);
       if (amount === 0) return;
       if (held) {
-        const { bucketMs, oldest } = windowAt(now());
-        const window = await held.window(input.subject, oldest, bucketMs, runner);
+        const window = await held.window(input.subject, windowAt(now()).bucketMs, runner);
         held.giveBack(window, input.bucketMs, amount);
         return;
       }

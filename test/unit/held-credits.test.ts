@@ -62,6 +62,7 @@ function held(store: ReturnType<typeof rowStore>, clock: { now: number }, capaci
   return createHeldCredits({
     ...store.port,
     now: () => clock.now,
+    spanMs: DAY - MINUTE,
     // Written only when the test flushes.
     flushMs: 3_600_000,
     ...(capacity === undefined ? {} : { capacity }),
@@ -96,11 +97,11 @@ describe('held credit windows', () => {
     for (let i = 0; i < 400; i++) {
       clock.now = T0 + i * 4.5 * MINUTE + (i % 7) * 1_000;
       const { bucketMs, oldest } = frame(clock.now);
-      const window = await credits.window('a', oldest, bucketMs);
+      const window = await credits.window('a', bucketMs);
       const amount = 1 + ((i * 11) % 29);
       const limit = 3_000;
       const used = sumAt(clock.now);
-      const take = credits.take(window, bucketMs, oldest, amount, limit);
+      const take = credits.take(window, bucketMs, amount, limit);
       if (used + amount > limit) {
         refused++;
         expect(take).toEqual({ taken: false, used, first: firstAt(clock.now) });
@@ -132,7 +133,7 @@ describe('held credit windows', () => {
     expect(store.log.reads).toBe(1);
     // A fresh process reading the rows has the same window.
     const restarted = held(store, clock);
-    const again = await restarted.window('a', frame(clock.now).oldest, frame(clock.now).bucketMs);
+    const again = await restarted.window('a', frame(clock.now).bucketMs);
     expect(again.total).toBe(sumAt(clock.now));
   });
 
@@ -140,14 +141,14 @@ describe('held credit windows', () => {
     const store = rowStore();
     const clock = { now: T0 };
     const credits = held(store, clock);
-    const { bucketMs, oldest } = frame(clock.now);
-    const window = await credits.window('b', oldest, bucketMs);
-    for (let i = 0; i < 10; i++) credits.take(window, bucketMs, oldest, 20, 1_000);
+    const { bucketMs } = frame(clock.now);
+    const window = await credits.window('b', bucketMs);
+    for (let i = 0; i < 10; i++) credits.take(window, bucketMs, 20, 1_000);
     credits.giveBack(window, bucketMs, 15);
     // A take and its give-back that cancel out write a zero: the bucket's row is made, as the rows' own would be.
     clock.now += MINUTE;
     const next = frame(clock.now);
-    credits.take(window, next.bucketMs, next.oldest, 5, 1_000);
+    credits.take(window, next.bucketMs, 5, 1_000);
     credits.giveBack(window, next.bucketMs, 5);
     store.log.failNext = 1;
     await credits.flush();
@@ -158,7 +159,7 @@ describe('held credit windows', () => {
         [next.bucketMs, 0],
       ]),
     );
-    credits.take(window, next.bucketMs, next.oldest, 3, 1_000);
+    credits.take(window, next.bucketMs, 3, 1_000);
     await credits.flush();
     expect(store.log.writes.map(([, b, c]) => [b, c])).toEqual([
       [bucketMs, 185],
@@ -179,23 +180,23 @@ describe('held credit windows', () => {
     const clock = { now: T0 };
     const credits = held(store, clock);
     const late = frame(T0 + DAY);
-    const window = await credits.window('c', frame(T0).oldest, frame(T0).bucketMs);
-    expect(credits.take(window, frame(T0).bucketMs, frame(T0).oldest, 60, 100)).toEqual({
+    const window = await credits.window('c', frame(T0).bucketMs);
+    expect(credits.take(window, frame(T0).bucketMs, 60, 100)).toEqual({
       taken: true,
       bucketMs: T0,
     });
     // A day later the first take has left the window.
-    expect(credits.take(window, late.bucketMs, late.oldest, 90, 100)).toEqual({
+    expect(credits.take(window, late.bucketMs, 90, 100)).toEqual({
       taken: true,
       bucketMs: late.bucketMs,
     });
     // Back two minutes: counted at the latest minute, against the window as it is there.
     const back = frame(T0 + DAY - 2 * MINUTE);
-    expect(credits.take(window, back.bucketMs, back.oldest, 10, 100)).toEqual({
+    expect(credits.take(window, back.bucketMs, 10, 100)).toEqual({
       taken: true,
       bucketMs: late.bucketMs,
     });
-    expect(credits.take(window, back.bucketMs, back.oldest, 1, 100)).toEqual({
+    expect(credits.take(window, back.bucketMs, 1, 100)).toEqual({
       taken: false,
       used: 100,
       first: late.bucketMs,
@@ -207,12 +208,12 @@ describe('held credit windows', () => {
     const clock = { now: T0 };
     const credits = held(store, clock);
     store.bucketsOf('d').set(T0 + 10 * MINUTE, 30);
-    const window = await credits.window('d', frame(T0).oldest, frame(T0).bucketMs);
-    credits.take(window, T0, frame(T0).oldest, 20, 100);
+    const window = await credits.window('d', frame(T0).bucketMs);
+    credits.take(window, T0, 20, 100);
     expect([...window.buckets.keys()]).toEqual([T0, T0 + 10 * MINUTE]);
     // A day on, the take's minute leaves the window and the one ahead stays.
     const later = frame(T0 + DAY + 5 * MINUTE);
-    expect(credits.take(window, later.bucketMs, later.oldest, 0, 100)).toEqual({
+    expect(credits.take(window, later.bucketMs, 0, 100)).toEqual({
       taken: true,
       bucketMs: later.bucketMs,
     });
@@ -226,8 +227,8 @@ describe('held credit windows', () => {
     const { bucketMs } = frame(clock.now);
     const take = async (subject: string, amount: number, at = clock.now) => {
       const f = frame(at);
-      const window = await credits.window(subject, f.oldest, f.bucketMs);
-      return credits.take(window, f.bucketMs, f.oldest, amount, 1_000);
+      const window = await credits.window(subject, f.bucketMs);
+      return credits.take(window, f.bucketMs, amount, 1_000);
     };
     await take('e1', 10);
     await take('e2', 20);
@@ -272,11 +273,11 @@ describe('held credit windows', () => {
     const clock = { now: T0 };
     const credits = held(store, clock);
     store.bucketsOf('f').set(T0 - MINUTE, 30);
-    const { bucketMs, oldest } = frame(clock.now);
+    const { bucketMs } = frame(clock.now);
     const results = await Promise.all(
       Array.from({ length: 20 }, async () => {
-        const window = await credits.window('f', oldest, bucketMs);
-        return credits.take(window, bucketMs, oldest, 7, 100);
+        const window = await credits.window('f', bucketMs);
+        return credits.take(window, bucketMs, 7, 100);
       }),
     );
     expect(results.filter((r) => r.taken)).toHaveLength(10);
