@@ -34,6 +34,7 @@ import type { InFlight } from './http/in-flight.ts';
 import { jsonBody } from './http/json-body.ts';
 import { limitJsonDepth } from './http/json-depth.ts';
 import {
+  multipartOnlyWhereDeclared,
   outsideBasePath,
   pathBelowBase,
   rememberRouteMatches,
@@ -351,6 +352,10 @@ export function createApp(deps: AppDeps): App {
     0,
     coerceMultipartFields(contract.document),
   );
+  const multipart = validator.findIndex((m) => m.name === 'multipartMiddleware');
+  const handleMultipart = validator[multipart];
+  if (handleMultipart)
+    validator[multipart] = multipartOnlyWhereDeclared(handleMultipart, contract.document) as RequestHandler;
   const metadata = validator.findIndex((m) => m.name === 'metadataMiddleware');
   const matchRoute = validator[metadata];
   if (matchRoute) validator[metadata] = rememberRouteMatches(matchRoute) as RequestHandler;

@@ -119,3 +119,66 @@ export function rememberRouteMatches(metadata: Step): Step {
     });
   };
 }
+
+type MediaType = { schema?: { $ref?: unknown; format?: unknown } } | undefined;
+type Operation = { $ref?: unknown; requestBody?: { $ref?: unknown; content?: unknown } };
+
+/**
+ * The validator's multipart middleware only for the operations it can handle. It is an `async` function: on
+ * every request, a JSON one too, it looks through the operation's request body (its media types' entries, a
+ * schema looked up by its reference) and answers a promise, which the sequence chains onto: two promises a
+ * chat or a JSON-RPC call for nothing. It handles a request only when the operation declares a
+ * `multipart/form-data` body, or a request media type whose schema is a binary string; every other operation
+ * (its answer kept per operation object) goes straight on. What cannot be told for sure (a reference the
+ * document does not resolve, an operation or a request body given by reference) keeps the middleware.
+ */
+export function multipartOnlyWhereDeclared(multipart: Step, document: unknown): Step {
+  const skips = new WeakMap<object, boolean>();
+  return (req, res, next) => {
+    const operation = (req as Request & { openapi?: { schema?: Operation } }).openapi?.schema;
+    if (operation !== undefined && operation !== null && typeof operation === 'object') {
+      let skip = skips.get(operation);
+      if (skip === undefined) {
+        skip = neverMultipart(operation, document);
+        skips.set(operation, skip);
+      }
+      if (skip) return next();
+    }
+    return multipart(req, res, next);
+  };
+}
+
+/** Whether the library's multipart middleware could never handle a request of this operation. */
+function neverMultipart(operation: Operation, document: unknown): boolean {
+  if (operation.$ref !== undefined) return false;
+  const body = operation.requestBody;
+  if (body === undefined) return true;
+  if (body === null || typeof body !== 'object' || body.$ref !== undefined) return false;
+  const content = body.content;
+  if (content === undefined) return true;
+  if (content === null || typeof content !== 'object') return false;
+  for (const [type, media] of Object.entries(content as Record<string, MediaType>)) {
+    if (type.includes('multipart/')) return false;
+    let schema = media?.schema;
+    if (schema?.$ref !== undefined) {
+      schema = typeof schema.$ref === 'string' ? referenced(document, schema.$ref) : undefined;
+      if (schema === undefined) return false;
+    }
+    if (schema?.format === 'binary') return false;
+  }
+  return true;
+}
+
+/** What a local reference (`#/components/schemas/X`) names in the document; undefined when it names nothing. */
+function referenced(document: unknown, ref: string): { format?: unknown; $ref?: unknown } | undefined {
+  if (!ref.startsWith('#/')) return undefined;
+  let node: unknown = document;
+  for (const part of ref.slice(2).split('/')) {
+    if (node === null || typeof node !== 'object') return undefined;
+    node = (node as Record<string, unknown>)[part.replaceAll('~1', '/').replaceAll('~0', '~')];
+  }
+  if (node === null || typeof node !== 'object') return undefined;
+  const schema = node as { format?: unknown; $ref?: unknown };
+  // A reference to a reference: not followed further, so not known.
+  return schema.$ref === undefined ? schema : undefined;
+}

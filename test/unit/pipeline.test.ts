@@ -1,18 +1,20 @@
 /**
  * The one-layer request pipeline (server/http/pipeline.ts): steps run in order with Express's contract for
- * errors, the base-path rule matches Express's mount rule, and remembered route matches are copies that
- * behave like the validator's own.
+ * errors, the base-path rule matches Express's mount rule, remembered route matches are copies that
+ * behave like the validator's own, and the multipart middleware is passed by only where it could never act.
  */
 import type { NextFunction, Request, Response } from 'express';
 import { describe, expect, test } from 'vitest';
 import {
   isUnderBasePath,
+  multipartOnlyWhereDeclared,
   outsideBasePath,
   pathBelowBase,
   rememberRouteMatches,
   sequence,
   underBasePath,
 } from '../../server/http/pipeline.ts';
+import { loadContract } from '../../server/http/spec.ts';
 
 type Step = (req: Request, res: Response, next: NextFunction) => unknown;
 const res = {} as Response;
@@ -171,5 +173,102 @@ describe('rememberRouteMatches', () => {
     await run([remembered], request(path(2_000)));
     await run([remembered], request(path(0)));
     expect(calls.slice(2_001)).toEqual([path(0)]);
+  });
+});
+
+describe('multipartOnlyWhereDeclared', () => {
+  const document = {
+    components: {
+      schemas: {
+        Upload: { type: 'string', format: 'binary' },
+        Thing: { type: 'object' },
+        Alias: { $ref: '#/components/schemas/Upload' },
+      },
+    },
+  };
+  const json = (schema: object) => ({ requestBody: { content: { 'application/json': { schema } } } });
+  function library() {
+    const handled: unknown[] = [];
+    const step: Step = async (req, _s, next) => {
+      handled.push((req as Request & { openapi?: { schema?: unknown } }).openapi?.schema);
+      next();
+    };
+    return { handled, step };
+  }
+  const request = (schema: unknown) =>
+    ({ openapi: schema === undefined ? undefined : { schema } }) as unknown as Request;
+
+  test('operations without a multipart or binary request body go straight on, without a promise', async () => {
+    const { handled, step } = library();
+    const only = multipartOnlyWhereDeclared(step, document);
+    for (const schema of [{}, json({ type: 'object' }), json({ $ref: '#/components/schemas/Thing' })]) {
+      let went = false;
+      const result = only(request(schema), res, (() => {
+        went = true;
+      }) as NextFunction);
+      expect(result).toBeUndefined();
+      expect(went).toBe(true);
+    }
+    expect(handled).toEqual([]);
+  });
+
+  test('a multipart body, a binary schema (inline or by reference) or what cannot be told keeps the middleware', async () => {
+    const { handled, step } = library();
+    const only = multipartOnlyWhereDeclared(step, document);
+    const kept = [
+      { requestBody: { content: { 'multipart/form-data': { schema: { type: 'object' } } } } },
+      json({ type: 'string', format: 'binary' }),
+      {
+        requestBody: {
+          content: { 'application/octet-stream': { schema: { $ref: '#/components/schemas/Upload' } } },
+        },
+      },
+      // A reference to a reference, one to nothing, one outside the document, a request body or operation by reference.
+      json({ $ref: '#/components/schemas/Alias' }),
+      json({ $ref: '#/components/schemas/Missing' }),
+      json({ $ref: 'other.yaml#/Thing' }),
+      { requestBody: { $ref: '#/components/requestBodies/Form' } },
+      { $ref: '#/paths/x' },
+    ];
+    for (const schema of kept) await run([only], request(schema));
+    // No match at all: left to the library as before.
+    await run([only], request(undefined));
+    expect(handled).toEqual([...kept, undefined]);
+  });
+
+  test("each operation's answer is worked out once", async () => {
+    const { handled, step } = library();
+    const only = multipartOnlyWhereDeclared(step, document);
+    const operation = json({ type: 'object' });
+    const entries = Object.entries;
+    let looked = 0;
+    Object.entries = ((o: object) => {
+      looked++;
+      return entries(o);
+    }) as typeof Object.entries;
+    try {
+      for (let i = 0; i < 5; i++) await run([only], request(operation));
+    } finally {
+      Object.entries = entries;
+    }
+    expect(looked).toBe(1);
+    expect(handled).toEqual([]);
+  });
+
+  test("on the contract: only the transcription's multipart body keeps it; chat and the JSON-RPC proxy pass by", async () => {
+    const { document: contract } = loadContract();
+    const { handled, step } = library();
+    const only = multipartOnlyWhereDeclared(step, contract);
+    const paths = (contract as unknown as { paths: Record<string, Record<string, { operationId?: string }>> })
+      .paths;
+    const kept: string[] = [];
+    for (const item of Object.values(paths))
+      for (const operation of Object.values(item)) {
+        if (!operation?.operationId) continue;
+        const before = handled.length;
+        await run([only], request(operation));
+        if (handled.length > before) kept.push(operation.operationId);
+      }
+    expect(kept).toEqual(['createTranscription']);
   });
 });

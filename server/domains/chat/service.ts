@@ -560,6 +560,7 @@ export function createChatService(deps: ChatServiceDeps) {
         const request: Omit<ChatProviderRequest, 'signal'> = {
           model: model.id,
           messages,
+          promptTokens,
           maxTokens: bound,
           n,
           sampling,

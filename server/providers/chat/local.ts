@@ -882,7 +882,7 @@ function* steps(
     unpaused = 0;
     return true;
   };
-  const promptTokens = countPromptTokens(request.messages, request.tools);
+  const promptTokens = request.promptTokens ?? countPromptTokens(request.messages, request.tools);
   const [cachedTokens, cacheCreationTokens] = cache.account(request.model, request.messages);
   const baseSeed = request.sampling.seed ?? Math.floor(Math.random() * 2 ** 31);
   const promptWords = promptWordsOf(request.messages);

@@ -280,7 +280,7 @@ export function createOpenAiCompatibleProvider(options: OpenAiCompatibleOptions)
         yield usage ?? {
           type: 'usage',
           usage: {
-            promptTokens: countPromptTokens(request.messages, request.tools),
+            promptTokens: request.promptTokens ?? countPromptTokens(request.messages, request.tools),
             completionTokens: countTokens(text),
             reasoningTokens: 0,
             cachedTokens: 0,

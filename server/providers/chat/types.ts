@@ -82,6 +82,12 @@ export type ChatProviderRequest = {
   /** Request fields the interface does not list, passed through to upstreams as they came. */
   passthrough?: Record<string, unknown>;
   /**
+   * The prompt's tokens (these messages and tools) by our tokenizer, when the caller counted them already: a
+   * backend that reports our count (the local engine, an upstream that reports no usage) takes it instead of
+   * counting the same prompt again.
+   */
+  promptTokens?: number;
+  /**
    * The caller reads the answer whole (a request that is not streamed): a delta may then carry several tokens,
    * as the local engine sends those of one turn of the event loop. A streamed answer's deltas are one token each.
    */
