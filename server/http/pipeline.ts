@@ -18,7 +18,7 @@
  */
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
 import { extend, innerMap } from '../objects.ts';
-import { BASE_PATH } from './spec.ts';
+import { BASE_PATH, resolveLocalRef } from './spec.ts';
 
 type Step = (req: Request, res: Response, next: NextFunction) => unknown;
 
@@ -169,14 +169,9 @@ function neverMultipart(operation: Operation, document: unknown): boolean {
   return true;
 }
 
-/** What a local reference (`#/components/schemas/X`) names in the document; undefined when it names nothing. */
+/** The schema a local reference names in the document; undefined when it names none. */
 function referenced(document: unknown, ref: string): { format?: unknown; $ref?: unknown } | undefined {
-  if (!ref.startsWith('#/')) return undefined;
-  let node: unknown = document;
-  for (const part of ref.slice(2).split('/')) {
-    if (node === null || typeof node !== 'object') return undefined;
-    node = (node as Record<string, unknown>)[part.replaceAll('~1', '/').replaceAll('~0', '~')];
-  }
+  const node = resolveLocalRef(document, ref);
   if (node === null || typeof node !== 'object') return undefined;
   const schema = node as { format?: unknown; $ref?: unknown };
   // A reference to a reference: not followed further, so not known.

@@ -52,6 +52,21 @@ export type Contract = {
 
 const METHODS = ['get', 'put', 'post', 'delete', 'patch', 'options', 'head'];
 
+/**
+ * What a local reference (`#/components/schemas/Name`, a JSON pointer into the document) names; undefined when
+ * the reference is not local or names nothing of the document's own.
+ */
+export function resolveLocalRef(document: unknown, ref: string): unknown {
+  if (!ref.startsWith('#/')) return undefined;
+  let node: unknown = document;
+  for (const part of ref.slice(2).split('/')) {
+    const name = part.replaceAll('~1', '/').replaceAll('~0', '~');
+    if (node === null || typeof node !== 'object' || !Object.hasOwn(node, name)) return undefined;
+    node = (node as Record<string, unknown>)[name];
+  }
+  return node;
+}
+
 export function loadContract(specPath = defaultSpecPath): Contract {
   // Its strings one byte a character where they fit: its keys name the answers' fields (yaml-values.ts).
   const document = yamlValues(parseDocument(readFileSync(specPath, 'utf8'))) as ContractDocument;

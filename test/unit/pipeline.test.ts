@@ -14,7 +14,7 @@ import {
   sequence,
   underBasePath,
 } from '../../server/http/pipeline.ts';
-import { loadContract } from '../../server/http/spec.ts';
+import { loadContract, resolveLocalRef } from '../../server/http/spec.ts';
 
 type Step = (req: Request, res: Response, next: NextFunction) => unknown;
 const res = {} as Response;
@@ -270,5 +270,31 @@ describe('multipartOnlyWhereDeclared', () => {
         if (handled.length > before) kept.push(operation.operationId);
       }
     expect(kept).toEqual(['createTranscription']);
+  });
+});
+
+describe('resolveLocalRef', () => {
+  const document = {
+    components: {
+      schemas: { Form: { type: 'object' }, 'a/b': { type: 'string' }, 'c~d': { type: 'integer' } },
+    },
+  };
+
+  test('a JSON pointer into the document, its escapes read', () => {
+    expect(resolveLocalRef(document, '#/components/schemas/Form')).toEqual({ type: 'object' });
+    expect(resolveLocalRef(document, '#/components/schemas/a~1b')).toEqual({ type: 'string' });
+    expect(resolveLocalRef(document, '#/components/schemas/c~0d')).toEqual({ type: 'integer' });
+    expect(resolveLocalRef(document, '#/components')).toBe(document.components);
+  });
+
+  test("nothing for a reference that is not local, names nothing, or names what is not the document's own", () => {
+    for (const ref of [
+      'other.yaml#/components/schemas/Form',
+      '#/components/schemas/Missing',
+      '#/components/schemas/Form/type/length',
+      '#/components/constructor',
+      '#/__proto__',
+    ])
+      expect(resolveLocalRef(document, ref), ref).toBeUndefined();
   });
 });

@@ -4,15 +4,13 @@
  * anything else is left as sent, so the validator still refuses what does not parse. JSON bodies are untouched.
  */
 import type { NextFunction, Request, Response } from 'express';
+import { resolveLocalRef } from '../../http/spec.ts';
 
 type Schema = { $ref?: string; type?: string | string[]; properties?: Record<string, Schema> };
 
 function resolve(document: unknown, schema: Schema | undefined): Schema | undefined {
   if (!schema?.$ref?.startsWith('#/')) return schema;
-  let node: unknown = document;
-  for (const part of schema.$ref.slice(2).split('/'))
-    node = (node as Record<string, unknown> | undefined)?.[part];
-  return node as Schema | undefined;
+  return resolveLocalRef(document, schema.$ref) as Schema | undefined;
 }
 
 function coerce(value: string, type: string | string[] | undefined): unknown {
