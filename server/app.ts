@@ -10,9 +10,10 @@
  * dispatch runs in one Express layer (http/pipeline.ts): the router's per-layer matching would otherwise run a
  * dozen times per request, and the routes outside the base path (the operations surface, pre-signed media
  * links) are one router that a request under the base path skips (1% of a JSON-RPC call's instructions:
- * bench/HISTORY.md, thirty-fifth round).
+ * bench/HISTORY.md, thirty-fifth round). The server of http/server.ts enters that layer and the error handler
+ * directly (`serve`), without Express's dispatch around them; `app.listen` and tests go through Express.
  */
-import type { ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import compression from 'compression';
 import express, { type NextFunction, type Request, type RequestHandler, type Response } from 'express';
 import * as OpenApiValidator from 'express-openapi-validator';
@@ -195,6 +196,8 @@ const ALLOWED_HEADERS = [
  */
 export type App = express.Express & {
   warmRequestValidation(): Promise<{ operations: number; ms: number }>;
+  /** The request listener of http/server.ts's server: the application without Express's dispatch (below). */
+  serve(req: IncomingMessage, res: ServerResponse): void;
 };
 
 export function createApp(deps: AppDeps): App {
@@ -409,23 +412,23 @@ export function createApp(deps: AppDeps): App {
   });
 
   // One Express layer for every request (see http/pipeline.ts): the same steps, in this order.
-  app.use(
-    sequence([
-      identify,
-      cors,
-      compressible,
-      outsideBasePath(outside),
-      authenticate,
-      parseJson,
-      limitJsonDepth,
-      recordSentBody,
-      ...validator,
-      refuseNonFiniteParameters,
-      dispatch,
-    ]),
-  );
+  const steps = sequence([
+    identify,
+    cors,
+    compressible,
+    outsideBasePath(outside),
+    authenticate,
+    parseJson,
+    limitJsonDepth,
+    recordSentBody,
+    ...validator,
+    refuseNonFiniteParameters,
+    dispatch,
+  ]);
+  app.use(steps);
 
-  app.use((error: unknown, req: Request, res: Response, _next: NextFunction) => {
+  // The one error handler: the interface's error body for anything a step or a handler failed with.
+  const answerError = (error: unknown, req: Request, res: Response, _next: NextFunction) => {
     const locals = res.locals as Locals;
     const failure = toApiError(error, req);
     if (failure.status >= 500 && failure.status !== 501 && failure.status !== 503) {
@@ -444,9 +447,68 @@ export function createApp(deps: AppDeps): App {
       return;
     }
     res.json(failure.toBody());
-  });
+  };
+  app.use(answerError);
 
-  return Object.assign(app, { warmRequestValidation: () => warmRequestValidation(validator, contract) });
+  /**
+   * The application without Express's dispatch around its one layer, for a server whose requests and responses
+   * are born on its prototypes (http/server.ts); any other request goes through Express. For a request,
+   * Express's `app.handle` makes a final handler (and binds its logger), reads the `x-powered-by` setting,
+   * sets the prototypes already set and a `res.locals` that `identify` replaces, and its router parses the path,
+   * makes the closures of its `next`, matches the one layer and enters it, and after an error matches the error
+   * handler's layer: about 3% of a chat's main thread under load (bench/HISTORY.md, fifty-second round). Here
+   * the steps and the error handler run as the router runs them, with what it leaves on the request set as it
+   * sets it; the end of the steps without an answer, which Express's final handler would answer with its HTML
+   * 404, is the interface's 404; and an error answer that itself fails (Express's final handler: an HTML 500) is
+   * a bare 500 in the interface's shape, or the connection closed once the answer has begun. Should anything be
+   * added to the application after this (`app.use`), its requests go through Express, which runs it.
+   */
+  const router = (app as unknown as { router: { stack: unknown[] } }).router;
+  const layers = router.stack.length;
+  const serve = (incoming: IncomingMessage, outgoing: ServerResponse): void => {
+    const req = incoming as Request;
+    const res = outgoing as Response;
+    if (
+      Object.getPrototypeOf(req) !== app.request ||
+      Object.getPrototypeOf(res) !== app.response ||
+      router.stack.length !== layers
+    ) {
+      app(req, res);
+      return;
+    }
+    req.res = res;
+    res.req = req;
+    req.originalUrl = req.url;
+    req.baseUrl = '';
+    req.params = {};
+    const done: NextFunction = (error?: unknown) => {
+      try {
+        answerError(
+          // Express's `next('route')` and `next('router')` are not failures: nothing answered.
+          error === undefined || error === null || error === 'route' || error === 'router'
+            ? new ApiError(404, `Not found: ${req.method} ${req.originalUrl}`, { code: 'NOT_FOUND' })
+            : error,
+          req,
+          res,
+          done,
+        );
+      } catch (failure) {
+        logger.error({ err: failure, path: req.path }, 'error answer failed');
+        if (res.headersSent) res.destroy();
+        else {
+          const internal = new ApiError(500, 'Internal server error', { code: 'INTERNAL_ERROR' });
+          writeJsonText(res, 500, JSON.stringify(internal.toBody()));
+        }
+      }
+    };
+    req.next = done;
+    steps(req, res, done);
+  };
+
+  return Object.assign(app, {
+    serve,
+    warmRequestValidation: () => warmRequestValidation(validator, contract),
+  });
 }
 
 /**

@@ -11,6 +11,10 @@
  * already there, it changes nothing. Same objects and same Express otherwise: only when the prototype is set
  * differs. (Express swaps prototypes again around a mounted sub-application; this server has none on its hot
  * path.)
+ *
+ * An application with an entry of its own (`serve`, app.ts: its one layer and its error handler without
+ * Express's dispatch, for objects born on its prototypes) is served through that entry; any other through
+ * Express as ever.
  */
 import { createServer, IncomingMessage, type Server, type ServerOptions, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
@@ -40,6 +44,7 @@ export function createHttpServer(app: Express, options: ServerOptions = {}): Ser
       IncomingMessage: AppRequest as unknown as typeof IncomingMessage,
       ServerResponse: AppResponse as unknown as typeof ServerResponse,
     }),
-    app,
+    // The application's own entry when it has one (app.ts `serve`: its steps without Express's dispatch).
+    (app as Express & { serve?: (req: IncomingMessage, res: ServerResponse) => void }).serve ?? app,
   );
 }

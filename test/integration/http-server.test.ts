@@ -1,17 +1,22 @@
 /**
  * createHttpServer (server/http/server.ts): requests and responses are built on the Express application's
  * prototypes from the start, so Express's per-request `setPrototypeOf` changes nothing; everything else must be
- * as with `app.listen`. Checked on a small application and on the real one (SQLite), against `app.listen`.
+ * as with `app.listen`. Checked on a small application and on the real one (SQLite), against `app.listen`. The
+ * real application is served through its own entry (app.ts `serve`, without Express's dispatch): the same
+ * answers as through Express, Express's dispatch not entered, and an error answer that fails answered in the
+ * interface's shape with the server still serving.
  */
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { IncomingMessage, type Server, ServerResponse } from 'node:http';
+import { createServer, IncomingMessage, type Server, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import express from 'express';
 import { afterAll, describe, expect, test } from 'vitest';
 import { createApp } from '../../server/app.ts';
+import type { Handler } from '../../server/http/contract.ts';
+import { ApiError } from '../../server/http/errors.ts';
 import { createHttpServer } from '../../server/http/server.ts';
 import { fundedServices } from '../support/app.ts';
 import { repoRoot } from '../support/contract.ts';
@@ -137,7 +142,7 @@ describe('createHttpServer', () => {
           body: JSON.stringify(body),
         },
       });
-      const requests = [
+      const requests: { path: string; init: RequestInit }[] = [
         { path: '/api/v1/models?type=text', init: {} },
         chat({ model: 'llama-3.3-70b', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4, seed: 7 }),
         chat({ model: 'llama-3.3-70b', messages: 'not a list' }),
@@ -146,6 +151,31 @@ describe('createHttpServer', () => {
         { path: '/api/v1/nowhere', init: {} },
         { path: '/api/v1/api_keys', init: {} },
         { path: '/healthz', init: { headers: { origin: 'http://example.test' } } },
+        chat({
+          model: 'llama-3.3-70b',
+          messages: [{ role: 'user', content: 'Hi' }],
+          max_tokens: 3,
+          stream: true,
+        }),
+        {
+          path: '/api/v1/chat/completions',
+          init: {
+            method: 'POST',
+            headers: { authorization: `Bearer ${secret}`, 'content-type': 'application/json' },
+            body: '{"model":',
+          },
+        },
+        { path: '/api/v1/models', init: { method: 'HEAD' } },
+        {
+          path: '/api/v1/chat/completions',
+          init: {
+            method: 'OPTIONS',
+            headers: { origin: 'http://example.test', 'access-control-request-method': 'POST' },
+          },
+        },
+        { path: '/API/V1/models/', init: {} },
+        { path: '/api/v1/models/%E0%A4%A', init: {} },
+        { path: '/chat/completions', init: { method: 'POST' } },
       ];
       // Ids, times and balances differ between two calls; the rest must not.
       const comparable = (text: string) =>
@@ -168,8 +198,66 @@ describe('createHttpServer', () => {
           return out;
         }),
       );
-      expect(answers[0]?.map((a) => a.status)).toEqual([200, 200, 400, 400, 405, 404, 401, 200]);
+      expect(answers[0]?.map((a) => a.status)).toEqual([
+        200, 200, 400, 400, 405, 404, 401, 200, 200, 400, 405, 204, 404, 404, 404,
+      ]);
       expect(answers[0]).toEqual(answers[1]);
+    } finally {
+      await services.close();
+    }
+  });
+
+  test("behavior: the real application is served without Express's dispatch, and through it for objects not born on its prototypes", async () => {
+    const { services } = await fundedServices(join(scratch, 'entry.sqlite'));
+    try {
+      const app = createApp(services.app);
+      let dispatched = 0;
+      // Express's dispatch (`app.handle`, not in its types), counted.
+      const dispatcher = app as unknown as { handle(...args: unknown[]): unknown };
+      const handle = dispatcher.handle.bind(app);
+      dispatcher.handle = (...args: unknown[]) => {
+        dispatched++;
+        return handle(...args);
+      };
+      const direct = await listening(createHttpServer(app));
+      for (let i = 0; i < 3; i++) expect((await fetch(`${direct}/api/v1/models`)).status).toBe(200);
+      expect((await fetch(`${direct}/api/v1/nowhere`)).status).toBe(404);
+      expect(dispatched).toBe(0);
+      // A plain node:http server's objects (Node's prototypes): Express's dispatch, and the same answer.
+      const plain = await listening(createServer(app.serve));
+      const answer = await fetch(`${plain}/api/v1/models`);
+      expect([answer.status, dispatched]).toEqual([200, 1]);
+      expect((await answer.json()).object).toBe('list');
+      // Something added to the application afterwards: its requests go through Express, which runs it.
+      app.use((_req, _res, next) => next());
+      expect((await fetch(`${direct}/api/v1/models`)).status).toBe(200);
+      expect(dispatched).toBe(2);
+    } finally {
+      await services.close();
+    }
+  });
+
+  test('behavior: an error answer that itself fails is a 500 in the interface shape, and the server goes on serving', async () => {
+    const { services, secret } = await fundedServices(join(scratch, 'failing.sqlite'));
+    try {
+      // A refusal whose header cannot be written: the error handler throws while answering it.
+      const refuse: Handler<'createChatCompletion'> = () => {
+        throw new ApiError(429, 'Slow down', { headers: { 'Retry-After': 'soon\nand later' } });
+      };
+      const app = createApp({
+        ...services.app,
+        handlers: { ...services.app.handlers, createChatCompletion: refuse },
+      });
+      const base = await listening(createHttpServer(app));
+      const response = await fetch(`${base}/api/v1/chat/completions`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${secret}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'llama-3.3-70b', messages: [{ role: 'user', content: 'Hi' }] }),
+      });
+      expect(response.status).toBe(500);
+      expect(response.headers.get('content-type')).toBe('application/json; charset=utf-8');
+      expect(await response.json()).toEqual({ error: 'Internal server error', code: 'INTERNAL_ERROR' });
+      expect((await fetch(`${base}/api/v1/models`)).status).toBe(200);
     } finally {
       await services.close();
     }

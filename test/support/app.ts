@@ -8,6 +8,7 @@ import { type Config, loadConfig } from '../../server/config.ts';
 import { discoveryPaymentRequired } from '../../server/domains/wallet/discovery.ts';
 import { createHandlers, type HandlerGroups } from '../../server/handlers.ts';
 import type { AuthPorts } from '../../server/http/auth.ts';
+import { createHttpServer } from '../../server/http/server.ts';
 import { loadContract } from '../../server/http/spec.ts';
 import { parseUsdToNano } from '../../server/money.ts';
 import { createMetrics } from '../../server/observability/metrics.ts';
@@ -48,7 +49,8 @@ export async function startTestApp(
     readiness: options.readiness ?? (async () => {}),
     ...(options.mountRoutes ? { mountRoutes: options.mountRoutes } : {}),
   });
-  const server = app.listen(0, '127.0.0.1');
+  // The server as `npm start` makes it (its requests through the application's own entry).
+  const server = createHttpServer(app).listen(0, '127.0.0.1');
   await new Promise<void>((resolve, reject) => {
     server.once('listening', resolve);
     server.once('error', reject);

@@ -14,6 +14,7 @@ import { createApp } from '../../server/app.ts';
 import { type BootstrapResult, bootstrap } from '../../server/bootstrap.ts';
 import { loadConfig } from '../../server/config.ts';
 import { answerClientErrors } from '../../server/http/client-errors.ts';
+import { createHttpServer } from '../../server/http/server.ts';
 import { createServices, type Services, type ServicesOptions } from '../../server/services.ts';
 import { repoRoot } from './contract.ts';
 import { withCoverage } from './coverage.ts';
@@ -55,7 +56,8 @@ export async function startServer(
     adminApiKey: config.adminApiKey,
     bootstrapBalanceUsd: config.bootstrapBalanceUsd,
   });
-  const server = createApp(withCoverage(services.app)).listen(0, '127.0.0.1');
+  // The server as `npm start` makes it (its requests through the application's own entry).
+  const server = createHttpServer(createApp(withCoverage(services.app))).listen(0, '127.0.0.1');
   answerClientErrors(server);
   await new Promise<void>((resolve) => server.once('listening', () => resolve()));
   const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
