@@ -29,7 +29,7 @@ import {
   type Reply,
   type ReplyHeaders,
 } from './http/contract.ts';
-import { ApiError, toValidationDetails } from './http/errors.ts';
+import { ApiError, internalError, notFound, toValidationDetails } from './http/errors.ts';
 import { refuseNonFiniteParameters } from './http/finite-numbers.ts';
 import type { InFlight } from './http/in-flight.ts';
 import { jsonBody } from './http/json-body.ts';
@@ -106,6 +106,9 @@ export type AppDeps = {
     principal: Principal;
   }): ReplyHeaders | Promise<ReplyHeaders>;
 };
+
+/** A request that no operation of the contract answers. */
+const unmatched = (req: Request) => notFound(`Not found: ${req.method} ${req.originalUrl}`);
 
 /** Names of the x402 payment header; only the top-up operation reads them. */
 const PAYMENT_HEADERS = ['payment-signature', 'x-payment', 'x-402-payment'];
@@ -369,8 +372,7 @@ export function createApp(deps: AppDeps): App {
       req as Request & { openapi?: { schema?: { operationId?: string }; pathParams?: object } }
     ).openapi;
     const operationId = openapi?.schema?.operationId as OperationId | undefined;
-    if (!operationId)
-      return next(new ApiError(404, `Not found: ${req.method} ${req.originalUrl}`, { code: 'NOT_FOUND' }));
+    if (!operationId) return next(unmatched(req));
     const locals = res.locals as Locals;
     locals.operationId = operationId;
     const handler = deps.handlers[operationId] as Handler<OperationId>;
@@ -456,7 +458,7 @@ export function createApp(deps: AppDeps): App {
    * Express's `app.handle` makes a final handler (and binds its logger), reads the `x-powered-by` setting,
    * sets the prototypes already set and a `res.locals` that `identify` replaces, and its router parses the path,
    * makes the closures of its `next`, matches the one layer and enters it, and after an error matches the error
-   * handler's layer: about 3% of a chat's main thread under load (bench/HISTORY.md, fifty-second round). Here
+   * handler's layer: 8,000 to 10,000 instructions a request (bench/HISTORY.md, fifty-second round). Here
    * the steps and the error handler run as the router runs them, with what it leaves on the request set as it
    * sets it; the end of the steps without an answer, which Express's final handler would answer with its HTML
    * 404, is the interface's 404; and an error answer that itself fails (Express's final handler: an HTML 500) is
@@ -486,7 +488,7 @@ export function createApp(deps: AppDeps): App {
         answerError(
           // Express's `next('route')` and `next('router')` are not failures: nothing answered.
           error === undefined || error === null || error === 'route' || error === 'router'
-            ? new ApiError(404, `Not found: ${req.method} ${req.originalUrl}`, { code: 'NOT_FOUND' })
+            ? unmatched(req)
             : error,
           req,
           res,
@@ -496,8 +498,7 @@ export function createApp(deps: AppDeps): App {
         logger.error({ err: failure, path: req.path }, 'error answer failed');
         if (res.headersSent) res.destroy();
         else {
-          const internal = new ApiError(500, 'Internal server error', { code: 'INTERNAL_ERROR' });
-          writeJsonText(res, 500, JSON.stringify(internal.toBody()));
+          writeJsonText(res, 500, JSON.stringify(internalError().toBody()));
         }
       }
     };
@@ -689,6 +690,6 @@ export function toApiError(error: unknown, req: Request): ApiError {
       return new ApiError(415, `Unsupported Content-Type '${type}'`, { code: 'INVALID_CONTENT_TYPE' });
     }
     default:
-      return new ApiError(500, 'Internal server error', { code: 'INTERNAL_ERROR', cause: error });
+      return internalError(error);
   }
 }

@@ -49,6 +49,9 @@ export const unauthorized = (message = 'Authentication failed', code = 'AUTHENTI
 export const adminKeyRequired = () => new ApiError(401, 'Admin API key required');
 export const notFound = (message: string, code = 'NOT_FOUND') => new ApiError(404, message, { code });
 export const notImplemented = () => new ApiError(501, 'Not implemented');
+/** What answers a failure the interface does not name (its cause kept for the log). */
+export const internalError = (cause?: unknown) =>
+  new ApiError(500, 'Internal server error', { code: 'INTERNAL_ERROR', cause });
 
 const LOCATIONS = new Set(['body', 'query', 'params', 'path', 'headers', 'cookies']);
 
