@@ -29,6 +29,7 @@ import {
   type Reply,
   type ReplyHeaders,
 } from './http/contract.ts';
+import { planDiscriminators } from './http/discriminators.ts';
 import { ApiError, internalError, notFound, toValidationDetails } from './http/errors.ts';
 import { refuseNonFiniteParameters } from './http/finite-numbers.ts';
 import type { InFlight } from './http/in-flight.ts';
@@ -337,11 +338,13 @@ export function createApp(deps: AppDeps): App {
 
   memoizeRouteRegexps();
   memoizeValidatorRequestWork();
+  // A message checked against the one schema its `role` names, not against all five (http/discriminators.ts).
+  const discriminators = planDiscriminators(contract.document);
   const validator = directValidator(
     OpenApiValidator.middleware({
-      apiSpec: contract.document as unknown as string,
+      apiSpec: discriminators.document as unknown as string,
       validateApiSpec: false,
-      validateRequests: { allErrors: true },
+      validateRequests: { allErrors: true, discriminator: discriminators.option },
       validateResponses: config.validateResponses ? { allErrors: true } : false,
       validateSecurity: false,
       ignoreUndocumented: false,

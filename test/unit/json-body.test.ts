@@ -2,6 +2,8 @@
  * The direct JSON body reader (server/http/json-body.ts): the same bodies and errors as body-parser's strict
  * JSON parser for plain JSON of known length, and body-parser itself for everything else.
  */
+import { createServer } from 'node:http';
+import { type AddressInfo, connect } from 'node:net';
 import { Readable } from 'node:stream';
 import express, { type Request, type RequestHandler, type Response } from 'express';
 import { describe, expect, test } from 'vitest';
@@ -20,11 +22,18 @@ type Outcome = { body?: unknown; error?: { type?: string; status?: number }; gen
 function read(
   headers: Record<string, string>,
   bytes: Buffer | string,
-  options: { cut?: boolean; buffered?: number } = {},
+  options: { cut?: 'at once' | 'later'; buffered?: number; later?: boolean } = {},
 ) {
   const data = Buffer.from(bytes);
   const req = new Readable({ read() {} }) as unknown as Request & Readable;
   Object.assign(req, { headers: { ...headers }, method: 'POST', url: '/' });
+  // Whether the step read the stream's events (a `data` listener) rather than taking the body from the buffer.
+  let listened = false;
+  const on = req.on.bind(req);
+  req.on = ((event: string, listener: (...args: unknown[]) => void) => {
+    if (event === 'data') listened = true;
+    return on(event, listener);
+  }) as typeof req.on;
   let general = false;
   const counting: RequestHandler = (q, s, n) => {
     general = true;
@@ -35,18 +44,31 @@ function read(
   if (early > 1) req.push(data.subarray(0, 1));
   if (early > 0) req.push(data.subarray(early > 1 ? 1 : 0, early));
   let returned = false;
-  return new Promise<Outcome & { sync: boolean; req: Readable }>((resolve) => {
+  return new Promise<Outcome & { sync: boolean; listened: boolean; req: Readable }>((resolve) => {
     jsonBody(LIMIT, counting)(req, {} as Response, (error?: unknown) =>
-      resolve({ body: req.body, error: error as Outcome['error'], general, sync: !returned, req }),
+      resolve({ body: req.body, error: error as Outcome['error'], general, sync: !returned, listened, req }),
     );
     returned = true;
     if (options.cut) {
-      req.push(data.subarray(0, 1));
-      req.emit('aborted');
+      // As Node's request is cut: `aborted` emitted as it is destroyed, in the read that brought the head
+      // (`at once`, before the step has looked again) or in a later one.
+      const cut = () => {
+        req.push(data.subarray(0, 1));
+        req.emit('aborted');
+        req.destroy();
+      };
+      if (options.cut === 'at once') cut();
+      else setImmediate(cut);
       return;
     }
-    if (data.length > early) req.push(data.subarray(early));
-    req.push(null);
+    // The rest of the bytes: in the read that brought the head, pushed by Node's parser once the step (called
+    // from the head's callback) has returned; or, `later`, in a read of their own.
+    const rest = () => {
+      if (data.length > early) req.push(data.subarray(early));
+      req.push(null);
+    };
+    if (options.later) setImmediate(rest);
+    else rest();
   });
 }
 
@@ -119,10 +141,38 @@ describe('jsonBody', () => {
   });
 
   test('a body cut short is a 400, not a parse of half a body', async () => {
-    const outcome = await read(plain('{"a":1}'), '{"a":1}', { cut: true });
-    expect(outcome.general).toBe(false);
-    expect(outcome.body).toBeUndefined();
-    expect(outcome.error).toMatchObject({ type: 'request.aborted', status: 400 });
+    for (const cut of ['at once', 'later'] as const) {
+      const outcome = await read(plain('{"a":1}'), '{"a":1}', { cut });
+      expect(outcome.general, cut).toBe(false);
+      expect(outcome.body, cut).toBeUndefined();
+      expect(outcome.error, cut).toMatchObject({ type: 'request.aborted', status: 400 });
+    }
+  });
+
+  test('a body that came with the head is taken from the buffer once the parser has pushed it', async () => {
+    const text = JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'héllo ✓' }] });
+    // Pushed just after the step returns, as Node's parser pushes a body read with the head: no stream events.
+    const sameRead = await read(plain(text), text);
+    expect(sameRead).toMatchObject({
+      body: JSON.parse(text),
+      error: undefined,
+      sync: false,
+      listened: false,
+    });
+    if (!sameRead.req.readableEnded) await new Promise<void>((resolve) => sameRead.req.once('end', resolve));
+    // A body in a later read: its events, the same body; and the same errors either way.
+    const laterRead = await read(plain(text), text, { later: true });
+    expect(laterRead).toMatchObject({ body: JSON.parse(text), error: undefined, listened: true });
+    for (const bad of ['nope', '42', '{"a":', '\ufeff[1]']) {
+      const now = await read(plain(bad), bad);
+      const later = await read(plain(bad), bad, { later: true });
+      expect([now.listened, later.listened]).toEqual([false, true]);
+      expect(now.body).toEqual(later.body);
+      expect([now.error?.type, now.error?.status]).toEqual([later.error?.type, later.error?.status]);
+    }
+    // Part of it with the head, the rest later: read as it arrives.
+    const part = await read(plain(text), text, { buffered: 3, later: true });
+    expect(part).toMatchObject({ body: JSON.parse(text), error: undefined, listened: true });
   });
 
   test('a body already whole in the buffer is taken at once, with the same body and errors', async () => {
@@ -143,6 +193,54 @@ describe('jsonBody', () => {
       expect(atOnce.body).toEqual(asItComes.body);
       expect(atOnce.error?.type).toBe(asItComes.error?.type);
       expect(atOnce.error?.status).toBe(asItComes.error?.status);
+    }
+  });
+
+  test("on Node's own server, a body sent with the head is taken without the stream's events", async () => {
+    const seen: { body: unknown; listened: boolean }[] = [];
+    const step = jsonBody(LIMIT, bodyParser);
+    let headSeen: () => void = () => {};
+    const server = createServer((req, res) => {
+      headSeen();
+      let listened = false;
+      const on = req.on.bind(req);
+      req.on = ((event: string, listener: (...args: unknown[]) => void) => {
+        if (event === 'data') listened = true;
+        return on(event, listener);
+      }) as typeof req.on;
+      // Called from the head's callback, as the application's steps are (http/server.ts).
+      step(req as Request, res as unknown as Response, (error?: unknown) => {
+        seen.push({ body: (req as Request).body, listened });
+        res.writeHead(error ? 400 : 200).end();
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const { port } = server.address() as AddressInfo;
+    const socket = connect(port, '127.0.0.1');
+    try {
+      await new Promise<void>((resolve, reject) => socket.once('connect', resolve).once('error', reject));
+      const answered = () => new Promise<void>((resolve) => socket.once('data', () => resolve()));
+      const body = '{"model":"m","messages":[{"role":"user","content":"hi"}]}';
+      const head = `POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`;
+      // Head and body in one write (one read on the server), then a head whose body follows in a later write.
+      let answer = answered();
+      socket.write(head + body);
+      await answer;
+      answer = answered();
+      const seenHead = new Promise<void>((resolve) => {
+        headSeen = resolve;
+      });
+      socket.write(head);
+      await seenHead;
+      socket.write(body);
+      await answer;
+      expect(seen).toEqual([
+        { body: JSON.parse(body), listened: false },
+        { body: JSON.parse(body), listened: true },
+      ]);
+    } finally {
+      socket.destroy();
+      await new Promise((resolve) => server.close(resolve));
     }
   });
 });
