@@ -14,6 +14,17 @@ const bodyParser = express.json({ limit: LIMIT, type: ['application/json', 'appl
 
 type Outcome = { body?: unknown; error?: { type?: string; status?: number }; general: boolean };
 
+/** Whether a `data` listener was added to `stream` (the body read from the stream's events, not the buffer). */
+function dataListened(stream: Readable): () => boolean {
+  let listened = false;
+  const on = stream.on.bind(stream);
+  stream.on = ((event: string, listener: (...args: unknown[]) => void) => {
+    if (event === 'data') listened = true;
+    return on(event, listener);
+  }) as typeof stream.on;
+  return () => listened;
+}
+
 /**
  * A request stream with these headers and bytes, through `jsonBody` in front of body-parser. `buffered`: that
  * many bytes are in the request's buffer before the step runs (all of them: the body read with the request's
@@ -27,13 +38,7 @@ function read(
   const data = Buffer.from(bytes);
   const req = new Readable({ read() {} }) as unknown as Request & Readable;
   Object.assign(req, { headers: { ...headers }, method: 'POST', url: '/' });
-  // Whether the step read the stream's events (a `data` listener) rather than taking the body from the buffer.
-  let listened = false;
-  const on = req.on.bind(req);
-  req.on = ((event: string, listener: (...args: unknown[]) => void) => {
-    if (event === 'data') listened = true;
-    return on(event, listener);
-  }) as typeof req.on;
+  const listened = dataListened(req);
   let general = false;
   const counting: RequestHandler = (q, s, n) => {
     general = true;
@@ -46,7 +51,14 @@ function read(
   let returned = false;
   return new Promise<Outcome & { sync: boolean; listened: boolean; req: Readable }>((resolve) => {
     jsonBody(LIMIT, counting)(req, {} as Response, (error?: unknown) =>
-      resolve({ body: req.body, error: error as Outcome['error'], general, sync: !returned, listened, req }),
+      resolve({
+        body: req.body,
+        error: error as Outcome['error'],
+        general,
+        sync: !returned,
+        listened: listened(),
+        req,
+      }),
     );
     returned = true;
     if (options.cut) {
@@ -202,15 +214,10 @@ describe('jsonBody', () => {
     let headSeen: () => void = () => {};
     const server = createServer((req, res) => {
       headSeen();
-      let listened = false;
-      const on = req.on.bind(req);
-      req.on = ((event: string, listener: (...args: unknown[]) => void) => {
-        if (event === 'data') listened = true;
-        return on(event, listener);
-      }) as typeof req.on;
+      const listened = dataListened(req);
       // Called from the head's callback, as the application's steps are (http/server.ts).
       step(req as Request, res as unknown as Response, (error?: unknown) => {
-        seen.push({ body: (req as Request).body, listened });
+        seen.push({ body: (req as Request).body, listened: listened() });
         res.writeHead(error ? 400 : 200).end();
       });
     });
