@@ -45,6 +45,14 @@ export type DiscriminatorPlan = {
 const isObject = (value: unknown): value is Schema =>
   value !== null && typeof value === 'object' && !Array.isArray(value);
 
+/** A `oneOf` with a `discriminator`. */
+const discriminated = (node: unknown): node is Schema & { oneOf: unknown[] } =>
+  isObject(node) && isObject(node.discriminator) && Array.isArray(node.oneOf);
+
+/** What `value` names when it is a local `$ref`; `value` itself otherwise. */
+const dereferenced = (document: unknown, value: unknown): unknown =>
+  isObject(value) && typeof value.$ref === 'string' ? resolveLocalRef(document, value.$ref) : value;
+
 /** Keywords whose subschemas ajv checks as a composite rule (no defaults filled in below them). */
 const COMPOSITE = new Set(['oneOf', 'anyOf', 'not', 'if']);
 /** Keywords whose values are not subschemas (walking them would find a `default` that is data). */
@@ -92,7 +100,7 @@ function reachesDefault(document: unknown, schema: unknown, seen = new Set<unkno
   }
   // A discriminated `oneOf` below, if it is followed too, picks its branch as a non-composite rule: counted
   // as reaching its branches' defaults whether it is or not (the safe side: this one is then not followed).
-  if (isObject(schema.discriminator) && Array.isArray(schema.oneOf))
+  if (discriminated(schema))
     return schema.oneOf.some((branch) => reachesDefault(document, branchSchema(document, branch), seen));
   return false;
 }
@@ -145,14 +153,11 @@ function requestBodySchemas(document: unknown): Set<unknown> {
     if (!isObject(item)) continue;
     for (const operation of Object.values(item)) {
       if (!isObject(operation)) continue;
-      let body = operation.requestBody;
-      if (isObject(body) && typeof body.$ref === 'string') body = resolveLocalRef(document, body.$ref);
+      const body = dereferenced(document, operation.requestBody);
       const content = isObject(body) ? body.content : undefined;
       if (!isObject(content)) continue;
       for (const media of Object.values(content)) {
-        let schema = isObject(media) ? media.schema : undefined;
-        if (isObject(schema) && typeof schema.$ref === 'string')
-          schema = resolveLocalRef(document, schema.$ref);
+        const schema = dereferenced(document, isObject(media) ? media.schema : undefined);
         if (schema) bodies.add(schema);
       }
     }
@@ -184,12 +189,8 @@ export function planDiscriminators(document: unknown): DiscriminatorPlan {
         (copy as Record<string, unknown>)[key] = next;
       }
     }
-    if (
-      !Array.isArray(node) &&
-      isObject((node as Schema).discriminator) &&
-      Array.isArray((node as Schema).oneOf)
-    ) {
-      const schema = node as Schema;
+    if (discriminated(node)) {
+      const schema = node;
       copy ??= { ...schema };
       const own = copy as Schema;
       if (follows(document, schema)) {
